@@ -1,0 +1,488 @@
+/*
+ * sdpa.h - libsdpa, scaled-dot-product attention on the fastest correct
+ * kernel for the machine and the shape, with the choice explained.
+ *
+ * This header is the whole public interface and its specification.
+ *
+ *   sdpa_context *ctx;
+ *   if (sdpa_context_create(NULL, &ctx) != SDPA_OK) { puts(sdpa_last_error()); ... }
+ *
+ *   //                       data  dtype      B  S     H   D
+ *   sdpa_tensor q = sdpa_tensor_bshd(qp, SDPA_BF16, 1, 4096, 24, 128);
+ *   sdpa_tensor k = sdpa_tensor_bshd(kp, SDPA_BF16, 1, 4096, 24, 128);
+ *   sdpa_tensor v = sdpa_tensor_bshd(vp, SDPA_BF16, 1, 4096, 24, 128);
+ *   sdpa_tensor o = sdpa_tensor_bshd(op, SDPA_F32,  1, 4096, 24, 128);
+ *   sdpa_params p = SDPA_PARAMS_DEFAULT;
+ *   sdpa_status st = sdpa_forward(ctx, &q, &k, &v, &o, NULL, &p);
+ *
+ *   // A model builds one layer handle per attention module, once:
+ *   sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+ *   ld.name = "blocks.3.attn1"; ld.component = "transformer";
+ *   sdpa_layer *layer;
+ *   sdpa_layer_create(ctx, &ld, &layer);
+ *   st = sdpa_layer_forward(layer, &q, &k, &v, &o, NULL, &p);
+ *   sdpa_layer_destroy(layer);
+ *   sdpa_context_destroy(ctx);
+ *
+ * Conventions
+ * - Every function that can fail returns sdpa_status. On failure
+ *   sdpa_last_error() (per thread) names the argument, what was expected and,
+ *   for backend failures, which backend said what. User input never aborts
+ *   the process.
+ * - Destroying NULL is a harmless no-op.
+ * - Strings passed in are copied when kept; strings returned are owned by the
+ *   library unless a function says to release them with sdpa_free().
+ * - Contexts and layers are thread-safe: any number of threads may call
+ *   sdpa_forward / sdpa_layer_forward on one context or one layer at once.
+ */
+#ifndef SDPA_H
+#define SDPA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with hidden visibility; everything declared here
+ * is exported. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
+#define SDPA_VERSION_MAJOR 0
+#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_PATCH 0
+#define SDPA_VERSION_STRING "0.1.0"
+
+const char *sdpa_version(void);
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum sdpa_status {
+    SDPA_OK = 0,
+    SDPA_INVALID_ARGUMENT = 1, /* the caller's input is wrong; nothing written  */
+    SDPA_UNSUPPORTED = 2,      /* this backend cannot run this exact call       */
+    SDPA_OUT_OF_MEMORY = 3,    /* host or device allocation failed              */
+    SDPA_DEVICE_ERROR = 4,     /* the device failed while running               */
+    SDPA_NOT_AVAILABLE = 5,    /* backend not built or not usable on this machine */
+    SDPA_INTERNAL = 6          /* a libsdpa bug: please report it               */
+} sdpa_status;
+
+/* A static, one-word description of a status ("invalid argument", ...). */
+const char *sdpa_status_string(sdpa_status status);
+
+/* The specifics of the last failure on the calling thread, or "" if the last
+ * call succeeded. Valid until the next libsdpa call on this thread. */
+const char *sdpa_last_error(void);
+
+/* Releases memory returned by libsdpa (explanations, JSON text). */
+void sdpa_free(void *p);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum sdpa_dtype {
+    SDPA_F32 = 0,
+    SDPA_F16 = 1, /* IEEE binary16 */
+    SDPA_BF16 = 2 /* bfloat16 */
+} sdpa_dtype;
+#define SDPA_DTYPE_COUNT 3
+
+const char *sdpa_dtype_name(sdpa_dtype dtype); /* "f32", "f16", "bf16" */
+size_t sdpa_dtype_size(sdpa_dtype dtype);      /* bytes; 0 if unknown   */
+
+typedef enum sdpa_device_kind {
+    SDPA_DEVICE_CPU = 0,
+    SDPA_DEVICE_CUDA = 1
+} sdpa_device_kind;
+
+typedef struct sdpa_device {
+    sdpa_device_kind kind;
+    int ordinal; /* CUDA device number; 0 for the CPU */
+} sdpa_device;
+
+/*
+ * A four-dimensional view [B, S, H, D] of memory: batch, sequence position,
+ * head, head-dimension element. stride[i] is the distance in ELEMENTS between
+ * neighbours along dimension i (not bytes). Element (b, s, h, d) lives at
+ *
+ *     data + (b*stride[0] + s*stride[1] + h*stride[2] + d*stride[3]) * elemsize
+ *
+ * so the common layouts are only strides:
+ *
+ *     BSHD contiguous  stride = { S*H*D, H*D, D, 1 }
+ *     BHSD contiguous  stride = { H*S*D, D,   S*D, 1 }
+ *     q in packed QKV [B, S, 3, H, D]: data = base, stride = { S*3*H*D, 3*H*D, D, 1 }
+ *                      k: data = base + H*D, v: data = base + 2*H*D, same strides.
+ *
+ * Sizes must be >= 1. Input strides must be >= 0 (0 broadcasts); output
+ * strides must be >= 1 and must not make two output elements share memory.
+ */
+typedef struct sdpa_tensor {
+    void *data;
+    sdpa_dtype dtype;
+    sdpa_device device;
+    int64_t size[4];   /* B, S, H, D                 */
+    int64_t stride[4]; /* in elements, per dimension */
+} sdpa_tensor;
+
+/* Contiguous [B, S, H, D] on the CPU. */
+sdpa_tensor sdpa_tensor_bshd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
+                             int64_t H, int64_t D);
+/* Logical [B, S, H, D] stored as contiguous [B, H, S, D] on the CPU. */
+sdpa_tensor sdpa_tensor_bhsd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
+                             int64_t H, int64_t D);
+
+/* ---------------------------------------------------------------- a call */
+
+/*
+ * Causal masking. Query i may attend key j when j <= i + offset, where
+ *   TOP_LEFT:      offset = 0          (PyTorch is_causal=True)
+ *   BOTTOM_RIGHT:  offset = Skv - Sq   (FlashAttention; the last query sees all keys)
+ * The two agree when Sq == Skv. A query row that may attend no key at all
+ * (bottom-right with Sq > Skv) produces an output row of zeros and LSE = -inf.
+ */
+typedef enum sdpa_causal {
+    SDPA_CAUSAL_NONE = 0,
+    SDPA_CAUSAL_TOP_LEFT = 1,
+    SDPA_CAUSAL_BOTTOM_RIGHT = 2
+} sdpa_causal;
+
+const char *sdpa_causal_name(sdpa_causal c); /* "none", "top-left", "bottom-right" */
+
+/*
+ * Per-call parameters. Start from SDPA_PARAMS_DEFAULT and set what you need.
+ *
+ *   scale          multiplies Q.K^T; 0 means 1/sqrt(D). Must be finite.
+ *   causal         see sdpa_causal.
+ *   deterministic  1: only backends that give bitwise-identical results for
+ *                  identical inputs, whatever the thread count, may run.
+ *   backend        explicit backend name for this call ("cpu.portable"), or
+ *                  NULL. The highest-precedence choice: if that backend cannot
+ *                  run the call, the call fails with SDPA_UNSUPPORTED and the
+ *                  backend's reason; it is never replaced silently.
+ *   layer_name     for messages only ("blocks.3.attn1").
+ *   component      the model part ("transformer", "transformer_2",
+ *                  "text_encoder"); selects per-component overrides and rules.
+ *   quant          the model's quantisation format ("nvfp4", "fp8"), or NULL
+ *                  for none; policy rules may match on it.
+ *   stream         CUDA stream (cudaStream_t) for CUDA tensors; NULL = default.
+ */
+typedef struct sdpa_params {
+    double scale;
+    sdpa_causal causal;
+    int deterministic;
+    const char *backend;
+    const char *layer_name;
+    const char *component;
+    const char *quant;
+    void *stream;
+} sdpa_params;
+
+#define SDPA_PARAMS_DEFAULT {0.0, SDPA_CAUSAL_NONE, 0, NULL, NULL, NULL, NULL, NULL}
+
+/* ---------------------------------------------------------------- platform */
+
+/* CPU features libsdpa's kernels care about (bit mask). */
+enum {
+    SDPA_CPU_AVX2 = 1u << 0,      /* with FMA3 and F16C */
+    SDPA_CPU_AVX512F = 1u << 1,   /* with AVX512BW, VL, DQ */
+    SDPA_CPU_AVX512BF16 = 1u << 2,
+    SDPA_CPU_AVX512FP16 = 1u << 3,
+    SDPA_CPU_AMX_BF16 = 1u << 4,  /* AMX-TILE + AMX-BF16, OS permission granted */
+    SDPA_CPU_NEON = 1u << 5
+};
+
+/*
+ * What the dispatcher decides for. By default read from the machine
+ * (sdpa_platform_detect); a caller may inject another one, e.g. to see what
+ * an sm_100 GPU would run (sdpa_platform_parse).
+ */
+typedef struct sdpa_platform {
+    int simulated;                 /* 1: described, not read from this machine */
+    /* CPU */
+    char cpu_model[64];
+    unsigned cpu_features;         /* SDPA_CPU_* usable on this platform       */
+    unsigned cpu_features_present; /* in the silicon, before OS/limit checks   */
+    int amx_permitted;             /* arch_prctl granted the AMX tile state    */
+    int cpu_cores;                 /* online logical CPUs                      */
+    /* CUDA (device 0 of the plugin, or the simulated one) */
+    int cuda_present;              /* 1 if a CUDA device is described          */
+    int cc_major, cc_minor;        /* compute capability                       */
+    int cudnn_version;             /* e.g. 91900 for 9.19.0; 0 if none         */
+    int sm_count;
+    int64_t memory_bytes;
+    int driver_version, runtime_version;
+    char gpu_name[64];
+    char cuda_why[160];            /* why no CUDA device is usable, if none    */
+} sdpa_platform;
+
+/* Reads this machine: CPUID/XGETBV, AMX permission, core count, CUDA plugin. */
+sdpa_status sdpa_platform_detect(sdpa_platform *out);
+
+/*
+ * Builds a platform from text:
+ *   "cpu"                         this machine's CPU
+ *   "cpu:isa=avx2"                this machine's CPU capped at an ISA level:
+ *                                 portable | avx2 | avx512 | amx
+ *   "cuda:sm_100"                 an sm_100 GPU (cuDNN 9.19.0 assumed)
+ *   "cuda:sm_90,cudnn=91001"      an sm_90 GPU with cuDNN 9.10.1
+ * Unknown words are an INVALID_ARGUMENT error naming them.
+ */
+sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct sdpa_context sdpa_context;
+
+typedef enum sdpa_log_level {
+    SDPA_LOG_ERROR = 0,
+    SDPA_LOG_WARN = 1,
+    SDPA_LOG_INFO = 2,
+    SDPA_LOG_DEBUG = 3
+} sdpa_log_level;
+
+typedef void (*sdpa_log_fn)(sdpa_log_level level, const char *message, void *user);
+
+/*
+ * Context options; start from SDPA_CONTEXT_OPTIONS_DEFAULT.
+ *   platform     NULL: read this machine. Otherwise copied.
+ *   log          NULL: messages at or above log_level go to stderr.
+ *   log_level    -1: from SDPA_LOG (error|warn|info|debug), default warn.
+ *   threads      CPU worker threads; 0: all online CPUs.
+ *   policy_file  user rule file (precedence over the built-in rules); NULL:
+ *                from SDPA_POLICY if set.
+ *   ignore_env   1: do not read SDPA_BACKEND, SDPA_POLICY, SDPA_LOG.
+ * Environment values are validated: an unknown backend in SDPA_BACKEND or a
+ * bad SDPA_LOG fails context creation with INVALID_ARGUMENT.
+ */
+typedef struct sdpa_context_options {
+    const sdpa_platform *platform;
+    sdpa_log_fn log;
+    void *log_user;
+    int log_level;
+    int threads;
+    const char *policy_file;
+    int ignore_env;
+} sdpa_context_options;
+
+#define SDPA_CONTEXT_OPTIONS_DEFAULT {NULL, NULL, NULL, -1, 0, NULL, 0}
+
+sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out);
+void sdpa_context_destroy(sdpa_context *ctx);
+
+/* The platform the context decides for. */
+const sdpa_platform *sdpa_context_platform(const sdpa_context *ctx);
+int sdpa_context_threads(const sdpa_context *ctx);
+
+/*
+ * Loads a user rule file; its rules are tried before earlier user rules and
+ * before the built-in ones. Parse errors name the file, the line and the
+ * problem, and leave the context's rules unchanged. Layers re-decide on
+ * their next call.
+ */
+sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path);
+/* The same from text; `origin` names it in messages. */
+sdpa_status sdpa_context_load_policy_text(sdpa_context *ctx, const char *text,
+                                          const char *origin);
+
+/* Per-component override: calls and layers whose component equals
+ * `component` use `backend` (NULL removes the override). */
+sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *component,
+                                               const char *backend);
+
+/* ---------------------------------------------------------------- overrides */
+
+/*
+ * Scoped override, the C analogue of a Python context manager. Per thread:
+ * a push on one thread never affects another. The innermost push wins.
+ *
+ *   sdpa_override_push("cpu.portable");   // e.g. while building a quantised model
+ *     ... create layers, call sdpa_forward ...
+ *   sdpa_override_pop();
+ *
+ * Layers capture the override active when they are created. Depth is at
+ * most 16. Backend names are checked when a decision uses them.
+ */
+sdpa_status sdpa_override_push(const char *backend);
+sdpa_status sdpa_override_pop(void);
+/* The innermost override on this thread, or NULL. */
+const char *sdpa_override_current(void);
+
+/* ---------------------------------------------------------------- running */
+
+/*
+ * One attention forward:  out = softmax(scale * q k^T + mask) v, per head.
+ *
+ *   q    [B, Sq,  Hq,  D]  f32 | f16 | bf16, strided
+ *   k    [B, Skv, Hkv, D]  same dtype as q, strided
+ *   v    [B, Skv, Hkv, D]  same dtype as q, strided
+ *   out  [B, Sq,  Hq,  D]  f32 | f16 | bf16 (any; converted on store), strided
+ *   lse  [B, Hq, Sq] float32 contiguous, natural log of the softmax
+ *        denominator: lse = log(sum_j exp(scale * q.k_j)); NULL if not wanted.
+ *        A call that passes lse only runs on backends that produce it.
+ *
+ * Must agree: B everywhere; D everywhere; Skv and Hkv between k and v;
+ * out's sizes equal q's. Hq % Hkv == 0 (query head h reads kv head
+ * h / (Hq/Hkv): grouped-query and multi-query attention). Sq and Skv are free
+ * (cross-attention). All tensors on one device; out and lse must not overlap
+ * any input or each other.
+ *
+ * Errors: INVALID_ARGUMENT (nothing written), UNSUPPORTED (an explicitly
+ * chosen backend cannot run this call, or no candidate can), NOT_AVAILABLE,
+ * OUT_OF_MEMORY and DEVICE_ERROR from the backend that ran (never hidden),
+ * INTERNAL.
+ */
+sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                         const sdpa_params *params);
+
+/* Name of the backend that ran the last successful call on this thread. */
+const char *sdpa_last_backend(void);
+
+/* ---------------------------------------------------------------- layers */
+
+typedef struct sdpa_layer sdpa_layer;
+
+/*
+ * A layer handle is built once per attention module, like the attention
+ * layer object of a model. At creation it resolves where its choice comes
+ * from, in precedence order:
+ *   1. desc->backend (explicit for this layer)
+ *   2. the innermost scoped override on the creating thread
+ *   3. the context's override for desc->component
+ *   4. SDPA_BACKEND from the environment (read at context creation)
+ *   5. the policy rules, evaluated per call shape (cached per shape class)
+ *   6. the built-in fallback chain
+ * A per-call params->backend still beats all of these.
+ *
+ * If a backend chosen by 5/6 answers UNSUPPORTED while running, the layer
+ * latches it off for itself (thread-safe), logs one warning naming the
+ * layer, the backend and the reason, and runs the next candidate in the same
+ * call. OUT_OF_MEMORY, DEVICE_ERROR, INVALID_ARGUMENT and INTERNAL are
+ * returned unchanged and latch nothing. Backends chosen by 1-4 are never
+ * replaced: their UNSUPPORTED is returned.
+ */
+typedef struct sdpa_layer_desc {
+    const char *name;      /* "blocks.3.attn1"; for messages               */
+    const char *component; /* "transformer", "text_encoder", ...            */
+    const char *backend;   /* explicit backend for this layer, or NULL      */
+    const char *quant;     /* model quantisation format, or NULL            */
+} sdpa_layer_desc;
+
+#define SDPA_LAYER_DESC_DEFAULT {NULL, NULL, NULL, NULL}
+
+sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc,
+                              sdpa_layer **out);
+void sdpa_layer_destroy(sdpa_layer *layer);
+
+/* As sdpa_forward; params->component and ->quant are ignored (the layer's
+ * own are used), params->backend still overrides. */
+sdpa_status sdpa_layer_forward(sdpa_layer *layer, const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                               const sdpa_params *params);
+
+/* Whether the layer has latched `backend` off (1) or not (0). */
+int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend);
+
+/* ---------------------------------------------------------------- explain */
+
+/* A call described without data: what explain and the tuner reason about. */
+typedef struct sdpa_call_desc {
+    sdpa_device_kind device;
+    sdpa_dtype dtype;
+    int64_t B, Sq, Skv, Hq, Hkv, D;
+    sdpa_causal causal;
+    int want_lse;
+    int deterministic;
+    const char *backend;   /* explicit choice, or NULL */
+    const char *component; /* or NULL */
+    const char *quant;     /* or NULL */
+} sdpa_call_desc;
+
+#define SDPA_MAX_CANDIDATES 16
+#define SDPA_MAX_BACKENDS 32
+
+/* Where a decision came from. */
+typedef enum sdpa_source {
+    SDPA_SOURCE_EXPLICIT = 0,   /* params->backend or the layer's backend */
+    SDPA_SOURCE_SCOPED = 1,     /* sdpa_override_push                      */
+    SDPA_SOURCE_COMPONENT = 2,  /* sdpa_context_set_component_backend      */
+    SDPA_SOURCE_ENVIRONMENT = 3,/* SDPA_BACKEND                            */
+    SDPA_SOURCE_RULE = 4,       /* a policy rule matched                   */
+    SDPA_SOURCE_FALLBACK = 5    /* no rule matched                         */
+} sdpa_source;
+
+const char *sdpa_source_name(sdpa_source s);
+
+typedef struct sdpa_backend_verdict {
+    const char *name;  /* backend name (static)                              */
+    int candidate;     /* position in candidates, or -1 when passed over     */
+    int present;       /* 1 if it can run on this machine                    */
+    char reason[240];  /* why passed over, or why not present; "" otherwise  */
+} sdpa_backend_verdict;
+
+/*
+ * A decision: the ordered backends that would be tried for the call on the
+ * context's platform, and the verdict on every known backend. Candidates
+ * that are not present on this machine (simulated platform) are listed, so
+ * the decision that platform would make stays visible; running skips them.
+ */
+typedef struct sdpa_decision {
+    sdpa_source source;
+    char source_detail[128];        /* e.g. "SDPA_BACKEND=cpu.portable"    */
+    char rule[64];                  /* matching rule's name, or ""          */
+    char rule_origin[192];          /* "file:line" of the rule              */
+    char evidence[512];             /* the rule's evidence note             */
+    int n_candidates;
+    const char *candidates[SDPA_MAX_CANDIDATES];
+    int n_backends;
+    sdpa_backend_verdict backends[SDPA_MAX_BACKENDS];
+    sdpa_status status;             /* OK, or why nothing can run           */
+    char error[256];
+} sdpa_decision;
+
+/*
+ * Decides without running anything. Returns SDPA_OK and fills *out even
+ * when no candidate remains (then out->status says why); returns
+ * INVALID_ARGUMENT for a malformed description.
+ */
+sdpa_status sdpa_decide(sdpa_context *ctx, const sdpa_call_desc *desc, sdpa_decision *out);
+
+/*
+ * The decision as text for people (json = 0) or one JSON object (json = 1)
+ * with keys platform, call, source, rule, evidence, candidates (ordered
+ * names), present, rejected (name -> reason). Release *text with sdpa_free.
+ */
+sdpa_status sdpa_explain(sdpa_context *ctx, const sdpa_call_desc *desc, int json,
+                         char **text);
+
+/* ---------------------------------------------------------------- backends */
+
+/* Static description of a known backend, whether or not it is built here. */
+typedef struct sdpa_backend_info {
+    const char *name;
+    const char *summary;
+    sdpa_device_kind device;
+    unsigned dtypes;        /* bit (1 << sdpa_dtype)                        */
+    int head_dim_min, head_dim_max, head_dim_multiple;
+    int gqa, cross, causal_top_left, causal_bottom_right, lse, deterministic;
+    unsigned cpu_features;  /* SDPA_CPU_* required                          */
+    int min_cc;             /* minimum compute capability * 10, or 0        */
+    int present;            /* can run on this machine                      */
+    char why_absent[160];   /* if not present                               */
+    const char *version;
+} sdpa_backend_info;
+
+int sdpa_backend_count(const sdpa_context *ctx);
+sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_info *out);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SDPA_H */

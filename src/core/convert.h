@@ -1,0 +1,69 @@
+/*
+ * convert.h - read and write one element of a tensor of any dtype as a
+ * float or double. The reference uses these per element; fast kernels
+ * convert whole rows with their own loops.
+ */
+#ifndef SDPA_CONVERT_H
+#define SDPA_CONVERT_H
+
+#include "core.h"
+#include "half.h"
+
+static inline float sdpa__load_f32(const void *base, sdpa_dtype t, int64_t i)
+{
+    switch (t) {
+    case SDPA_F32: return ((const float *)base)[i];
+    case SDPA_F16: return sdpa__f16_to_f32(((const uint16_t *)base)[i]);
+    case SDPA_BF16: return sdpa__bf16_to_f32(((const uint16_t *)base)[i]);
+    }
+    return 0.0f;
+}
+
+static inline void sdpa__store_f32(void *base, sdpa_dtype t, int64_t i, float v)
+{
+    switch (t) {
+    case SDPA_F32: ((float *)base)[i] = v; break;
+    case SDPA_F16: ((uint16_t *)base)[i] = sdpa__f32_to_f16(v); break;
+    case SDPA_BF16: ((uint16_t *)base)[i] = sdpa__f32_to_bf16(v); break;
+    }
+}
+
+/* dst[j] = src[j * stride] * mul for j < n, converting from dtype t. */
+static inline void sdpa__load_row(const void *src, sdpa_dtype t, int64_t stride, int64_t n,
+                                  float mul, float *restrict dst)
+{
+    if (stride == 1) {
+        switch (t) {
+        case SDPA_F32:
+            for (int64_t j = 0; j < n; j++)
+                dst[j] = ((const float *)src)[j] * mul;
+            return;
+        case SDPA_F16:
+            for (int64_t j = 0; j < n; j++)
+                dst[j] = sdpa__f16_to_f32(((const uint16_t *)src)[j]) * mul;
+            return;
+        case SDPA_BF16:
+            for (int64_t j = 0; j < n; j++)
+                dst[j] = sdpa__bf16_to_f32(((const uint16_t *)src)[j]) * mul;
+            return;
+        }
+    }
+    for (int64_t j = 0; j < n; j++)
+        dst[j] = sdpa__load_f32(src, t, j * stride) * mul;
+}
+
+/* dst[j * stride] = src[j] * mul for j < n, converting to dtype t. */
+static inline void sdpa__store_row(void *dst, sdpa_dtype t, int64_t stride, int64_t n,
+                                   float mul, const float *restrict src)
+{
+    for (int64_t j = 0; j < n; j++)
+        sdpa__store_f32(dst, t, j * stride, src[j] * mul);
+}
+
+/* Element pointer arithmetic in bytes. */
+static inline const void *sdpa__elem(const sdpa_tensor *t, int64_t off)
+{
+    return (const char *)t->data + off * (int64_t)sdpa_dtype_size(t->dtype);
+}
+
+#endif

@@ -1,0 +1,109 @@
+/*
+ * core.h - internal services every part of libsdpa uses: errors, logging,
+ * call validation, the thread pool. Not installed; not part of the API.
+ */
+#ifndef SDPA_CORE_H
+#define SDPA_CORE_H
+
+#include "sdpa.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+#if defined(__GNUC__)
+#define SDPA_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define SDPA_PRINTF(a, b)
+#endif
+
+/* ---- errors (error.c) */
+
+/* Records the message as this thread's last error and returns `status`. */
+sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA_PRINTF(2, 3);
+void sdpa__clear_error(void);
+void sdpa__set_last_backend(const char *name);
+
+/*
+ * Internal invariant. A failed one is a libsdpa bug: it logs to stderr and
+ * calls the hook (default: abort). Tests may hook it to count instead.
+ */
+typedef void (*sdpa_assert_hook)(const char *expr, const char *file, int line);
+void sdpa__assert_fail(const char *expr, const char *file, int line);
+void sdpa__set_assert_hook(sdpa_assert_hook hook);
+#define SDPA_ASSERT(e) ((e) ? (void)0 : sdpa__assert_fail(#e, __FILE__, __LINE__))
+
+/* snprintf that never overflows and always terminates; returns dst. */
+char *sdpa__strlcpy(char *dst, const char *src, size_t cap);
+char *sdpa__fmt(char *dst, size_t cap, const char *fmt, ...) SDPA_PRINTF(3, 4);
+
+/* ---- logging (log.c) */
+
+typedef struct sdpa_logger {
+    sdpa_log_fn fn;
+    void *user;
+    int level; /* messages with level <= this are emitted */
+} sdpa_logger;
+
+void sdpa__log(const sdpa_logger *lg, sdpa_log_level level, const char *fmt, ...)
+    SDPA_PRINTF(3, 4);
+/* Parses "error|warn|info|debug"; -1 if unknown. */
+int sdpa__log_level_parse(const char *s);
+
+/* ---- a validated call (tensor.c) */
+
+/* Everything a backend needs, checked once by sdpa__call_prepare. */
+typedef struct sdpa_call {
+    const sdpa_tensor *q, *k, *v;
+    sdpa_tensor *out;
+    float *lse;
+    double scale;         /* resolved: never 0 */
+    sdpa_causal causal;
+    int deterministic;
+    void *stream;
+    sdpa_call_desc desc;  /* sizes and flags in one place */
+    struct sdpa_pool *pool;
+} sdpa_call;
+
+/*
+ * Checks every argument of a forward call (NULLs, sizes, strides, dtype and
+ * device agreement, Hq % Hkv, 64-bit byte-count overflow, output overlapping
+ * an input) and fills *call. INVALID_ARGUMENT with the argument's name.
+ */
+sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                               const sdpa_params *params, sdpa_call *call);
+
+/* Checks a call description (explain/decide input). */
+sdpa_status sdpa__desc_validate(const sdpa_call_desc *d);
+
+/* Byte offset of element (b, s, h, dd). */
+static inline int64_t sdpa__offset(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h,
+                                   int64_t dd)
+{
+    return b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + dd * t->stride[3];
+}
+
+/* ---- thread pool (pool.c) */
+
+typedef struct sdpa_pool sdpa_pool;
+
+/* A task body: runs tasks [task] on worker `worker` (0..threads-1). */
+typedef void (*sdpa_task_fn)(void *arg, int64_t task, int worker);
+
+sdpa_status sdpa__pool_create(int threads, sdpa_pool **out);
+void sdpa__pool_destroy(sdpa_pool *pool);
+int sdpa__pool_threads(const sdpa_pool *pool);
+/*
+ * Runs fn(arg, t, worker) for t in [0, n_tasks), tasks handed out one at a
+ * time (dynamic balance for causal and ragged shapes). The caller is worker
+ * 0. Concurrent calls on one pool run one after the other. A NULL pool runs
+ * everything on the caller.
+ */
+void sdpa__parallel_for(sdpa_pool *pool, int64_t n_tasks, sdpa_task_fn fn, void *arg);
+
+/* ---- platform (platform.c) */
+
+/* ISA levels for "cpu:isa=..." and SDPA_MAX_ISA. */
+unsigned sdpa__isa_level_mask(const char *level, int *ok);
+
+#endif

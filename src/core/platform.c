@@ -1,0 +1,231 @@
+/*
+ * platform.c - what machine we decide for: CPU features read with CPUID and
+ * confirmed with XGETBV (the OS must save the registers, or the instructions
+ * fault), AMX permission asked of the kernel, and the simulated platforms
+ * that tests and `sdpa explain --platform` describe.
+ */
+#define _GNU_SOURCE
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define SDPA_X86 1
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
+
+#define ARCH_GET_XCOMP_PERM 0x1022
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+unsigned sdpa__isa_level_mask(const char *level, int *ok)
+{
+    *ok = 1;
+    if (strcmp(level, "portable") == 0)
+        return SDPA_CPU_NEON;
+    if (strcmp(level, "avx2") == 0)
+        return SDPA_CPU_AVX2;
+    if (strcmp(level, "avx512") == 0)
+        return SDPA_CPU_AVX2 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 | SDPA_CPU_AVX512FP16;
+    if (strcmp(level, "amx") == 0)
+        return ~0u;
+    *ok = 0;
+    return 0;
+}
+
+#ifdef SDPA_X86
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+/* Asks Linux for the AMX tile-data state (needed once per process since
+ * 5.16; without it the first tile instruction kills the process). */
+static int request_amx_permission(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned long bits = 0;
+    if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &bits) == 0 &&
+        (bits & (1ul << XFEATURE_XTILEDATA)))
+        return 1;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return 0;
+    bits = 0;
+    return syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &bits) == 0 &&
+           (bits & (1ul << XFEATURE_XTILEDATA));
+#else
+    return 0;
+#endif
+}
+
+static void detect_x86(sdpa_platform *p)
+{
+    unsigned a, b, c, d;
+    unsigned brand[12] = {0};
+    if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000004u) {
+        for (unsigned i = 0; i < 3; i++)
+            __get_cpuid(0x80000002u + i, &brand[4 * i], &brand[4 * i + 1], &brand[4 * i + 2],
+                        &brand[4 * i + 3]);
+        char tmp[49];
+        memcpy(tmp, brand, 48);
+        tmp[48] = '\0';
+        const char *s = tmp;
+        while (*s == ' ')
+            s++;
+        sdpa__strlcpy(p->cpu_model, s, sizeof p->cpu_model);
+    }
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    unsigned b7 = 0, d7 = 0, a71 = 0;
+    if (__get_cpuid_count(7, 0, &a, &b7, &c, &d7)) {
+        unsigned bb, cc, dd;
+        if (a >= 1)
+            __get_cpuid_count(7, 1, &a71, &bb, &cc, &dd);
+    }
+    unsigned present = 0;
+    if (avx && fma && f16c && ((b7 >> 5) & 1))
+        present |= SDPA_CPU_AVX2;
+    if (((b7 >> 16) & 1) && ((b7 >> 17) & 1) && ((b7 >> 30) & 1) && ((b7 >> 31) & 1))
+        present |= SDPA_CPU_AVX512F;
+    if ((present & SDPA_CPU_AVX512F) && ((a71 >> 5) & 1))
+        present |= SDPA_CPU_AVX512BF16;
+    if ((present & SDPA_CPU_AVX512F) && ((d7 >> 23) & 1))
+        present |= SDPA_CPU_AVX512FP16;
+    if (((d7 >> 22) & 1) && ((d7 >> 24) & 1))
+        present |= SDPA_CPU_AMX_BF16;
+    p->cpu_features_present = present;
+
+    uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    unsigned usable = present;
+    if ((xcr0 & 0x6) != 0x6)
+        usable &= ~(unsigned)(SDPA_CPU_AVX2 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 |
+                              SDPA_CPU_AVX512FP16 | SDPA_CPU_AMX_BF16);
+    if ((xcr0 & 0xe0) != 0xe0)
+        usable &= ~(unsigned)(SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 | SDPA_CPU_AVX512FP16);
+    if ((usable & SDPA_CPU_AMX_BF16) && (xcr0 & (3ull << 17)) == (3ull << 17))
+        p->amx_permitted = request_amx_permission();
+    if (!p->amx_permitted)
+        usable &= ~(unsigned)SDPA_CPU_AMX_BF16;
+    p->cpu_features = usable;
+}
+#endif
+
+static void detect_cpu(sdpa_platform *p)
+{
+    sdpa__strlcpy(p->cpu_model, "unknown CPU", sizeof p->cpu_model);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    p->cpu_cores = n > 0 ? (int)n : 1;
+#ifdef SDPA_X86
+    detect_x86(p);
+#elif defined(__aarch64__)
+    sdpa__strlcpy(p->cpu_model, "aarch64 CPU", sizeof p->cpu_model);
+    p->cpu_features = p->cpu_features_present = SDPA_CPU_NEON;
+#endif
+}
+
+sdpa_status sdpa_platform_detect(sdpa_platform *out)
+{
+    if (!out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a platform to fill");
+    memset(out, 0, sizeof *out);
+    detect_cpu(out);
+    out->cuda_present = 0;
+    sdpa__strlcpy(out->cuda_why,
+                  "no CUDA plugin in this build (libsdpa 0.1 has CPU backends only)",
+                  sizeof out->cuda_why);
+    return SDPA_OK;
+}
+
+/* Parses "sm_100", "sm_90a", "sm_86" into major/minor. */
+static int parse_sm(const char *s, int *major, int *minor)
+{
+    if (strncmp(s, "sm_", 3) != 0)
+        return 0;
+    char *end;
+    long n = strtol(s + 3, &end, 10);
+    if (end == s + 3 || n < 10 || n > 999 || (*end && strcmp(end, "a") != 0 && strcmp(end, "f")))
+        return 0;
+    *major = (int)(n / 10), *minor = (int)(n % 10);
+    return 1;
+}
+
+sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
+{
+    if (!spec || !out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", spec ? "out" : "spec");
+    sdpa_platform p;
+    sdpa_platform_detect(&p);
+    char buf[256];
+    if (strlen(spec) >= sizeof buf)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "platform '%.40s...' is too long", spec);
+    strcpy(buf, spec);
+    char *rest = strchr(buf, ':');
+    if (rest)
+        *rest++ = '\0';
+    p.simulated = 1;
+    if (strcmp(buf, "cpu") == 0) {
+        char *save = NULL;
+        for (char *tok = rest ? strtok_r(rest, ",", &save) : NULL; tok;
+             tok = strtok_r(NULL, ",", &save)) {
+            if (strncmp(tok, "isa=", 4) == 0) {
+                int ok;
+                unsigned mask = sdpa__isa_level_mask(tok + 4, &ok);
+                if (!ok)
+                    return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                      "platform '%s': isa '%s' unknown, expected portable, "
+                                      "avx2, avx512 or amx",
+                                      spec, tok + 4);
+                p.cpu_features &= mask;
+            } else {
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "platform '%s': '%s' unknown, expected isa=LEVEL", spec, tok);
+            }
+        }
+    } else if (strcmp(buf, "cuda") == 0) {
+        if (!rest)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "platform '%s': expected cuda:sm_XY[,cudnn=N], e.g. cuda:sm_100",
+                              spec);
+        int have_sm = 0;
+        p.cudnn_version = 91900;
+        char *save = NULL;
+        for (char *tok = strtok_r(rest, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (parse_sm(tok, &p.cc_major, &p.cc_minor)) {
+                have_sm = 1;
+            } else if (strncmp(tok, "cudnn=", 6) == 0) {
+                char *end;
+                long v = strtol(tok + 6, &end, 10);
+                if (*end || end == tok + 6 || v < 0 || v > 999999)
+                    return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                      "platform '%s': cudnn version '%s' is not a number like "
+                                      "91900 (9.19.0); 0 means no cuDNN",
+                                      spec, tok + 6);
+                p.cudnn_version = (int)v;
+            } else {
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "platform '%s': '%s' unknown, expected sm_XY or cudnn=N", spec,
+                                  tok);
+            }
+        }
+        if (!have_sm)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "platform '%s': no compute capability, expected e.g. sm_90", spec);
+        p.cuda_present = 1;
+        p.cuda_why[0] = '\0';
+        snprintf(p.gpu_name, sizeof p.gpu_name, "simulated sm_%d%d", p.cc_major, p.cc_minor);
+    } else {
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "platform '%s': expected cpu[:isa=LEVEL] or cuda:sm_XY[,cudnn=N]", spec);
+    }
+    *out = p;
+    return SDPA_OK;
+}

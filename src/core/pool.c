@@ -1,0 +1,147 @@
+/*
+ * pool.c - a fixed set of worker threads for one context.
+ *
+ * Kernels split a call into independent tasks (batch x head x query block)
+ * and hand them out through one atomic counter, so a thread that drew cheap
+ * tasks (causal rows near the top) simply takes more of them. The calling
+ * thread works too, as worker 0. Cost per parallel_for: one broadcast and
+ * one wait, a few microseconds; small calls run inline instead.
+ *
+ * Several application threads may call into one context at once; their
+ * parallel regions take turns on the pool (`submit`), which keeps each
+ * region at full width rather than splitting the cores between them.
+ */
+#include "core.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+struct sdpa_pool {
+    int threads;
+    pthread_t *tids;
+    pthread_mutex_t submit; /* one parallel region at a time */
+    pthread_mutex_t m;
+    pthread_cond_t start, done;
+    uint64_t generation;
+    int stop;
+    int busy; /* workers still inside the current region */
+    sdpa_task_fn fn;
+    void *arg;
+    int64_t n_tasks;
+    _Atomic int64_t next;
+};
+
+typedef struct worker_arg {
+    sdpa_pool *pool;
+    int index;
+} worker_arg;
+
+static void drain(sdpa_pool *p, int worker)
+{
+    int64_t t;
+    while ((t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->n_tasks)
+        p->fn(p->arg, t, worker);
+}
+
+static void *worker_main(void *raw)
+{
+    worker_arg wa = *(worker_arg *)raw;
+    free(raw);
+    sdpa_pool *p = wa.pool;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->m);
+    for (;;) {
+        while (!p->stop && p->generation == seen)
+            pthread_cond_wait(&p->start, &p->m);
+        if (p->stop)
+            break;
+        seen = p->generation;
+        pthread_mutex_unlock(&p->m);
+        drain(p, wa.index);
+        pthread_mutex_lock(&p->m);
+        if (--p->busy == 0)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->m);
+    return NULL;
+}
+
+sdpa_status sdpa__pool_create(int threads, sdpa_pool **out)
+{
+    *out = NULL;
+    if (threads < 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "threads is %d, expected >= 1", threads);
+    sdpa_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "thread pool: cannot allocate");
+    p->threads = threads;
+    pthread_mutex_init(&p->submit, NULL);
+    pthread_mutex_init(&p->m, NULL);
+    pthread_cond_init(&p->start, NULL);
+    pthread_cond_init(&p->done, NULL);
+    if (threads > 1) {
+        p->tids = calloc((size_t)threads - 1, sizeof *p->tids);
+        if (!p->tids) {
+            sdpa__pool_destroy(p);
+            return sdpa__fail(SDPA_OUT_OF_MEMORY, "thread pool: cannot allocate");
+        }
+        for (int i = 1; i < threads; i++) {
+            worker_arg *wa = malloc(sizeof *wa);
+            if (wa)
+                wa->pool = p, wa->index = i;
+            if (!wa || pthread_create(&p->tids[i - 1], NULL, worker_main, wa) != 0) {
+                free(wa);
+                p->threads = i; /* destroy joins the ones that started */
+                sdpa__pool_destroy(p);
+                return sdpa__fail(SDPA_OUT_OF_MEMORY,
+                                  "thread pool: cannot start worker thread %d of %d", i, threads);
+            }
+        }
+    }
+    *out = p;
+    return SDPA_OK;
+}
+
+void sdpa__pool_destroy(sdpa_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->m);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->m);
+    for (int i = 1; i < p->threads && p->tids; i++)
+        pthread_join(p->tids[i - 1], NULL);
+    pthread_mutex_destroy(&p->submit);
+    pthread_mutex_destroy(&p->m);
+    pthread_cond_destroy(&p->start);
+    pthread_cond_destroy(&p->done);
+    free(p->tids);
+    free(p);
+}
+
+int sdpa__pool_threads(const sdpa_pool *p) { return p ? p->threads : 1; }
+
+void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *arg)
+{
+    if (!p || p->threads == 1 || n_tasks <= 1) {
+        for (int64_t t = 0; t < n_tasks; t++)
+            fn(arg, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->submit);
+    pthread_mutex_lock(&p->m);
+    p->fn = fn, p->arg = arg, p->n_tasks = n_tasks;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    p->busy = p->threads - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->start);
+    pthread_mutex_unlock(&p->m);
+    drain(p, 0);
+    pthread_mutex_lock(&p->m);
+    while (p->busy > 0)
+        pthread_cond_wait(&p->done, &p->m);
+    pthread_mutex_unlock(&p->m);
+    pthread_mutex_unlock(&p->submit);
+}

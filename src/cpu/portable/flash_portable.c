@@ -1,0 +1,255 @@
+/*
+ * flash_portable.c - cpu.portable: tiled online-softmax ("flash") attention
+ * in portable C11, no intrinsics. It must work on any CPU, so every inner
+ * loop is a plain counted loop over contiguous floats that a compiler
+ * vectorises at whatever width the target has.
+ *
+ * One task = (batch, head, block of BQ query rows). For each block of BK
+ * keys it computes S = Q K^T (scale folded into Q), updates the running
+ * row max m and denominator l, rescales the output accumulator and adds
+ * P V. K and V tiles are converted to f32 per task; that conversion costs
+ * about 1/BQ of the arithmetic and buys independence between tasks.
+ *
+ *     Q tile  [BQ][Dp]   S / P tile [BQ][BK]     O acc [BQ][Dp]
+ *     K^T     [Dp][BK]   V tile     [BK][Dp]     m, l  [BQ]
+ *
+ * Dp is D rounded up to NR; padding columns are zero, so the micro-kernel
+ * only ever sees full NR-wide tiles. Extra memory: threads x ~(5 Dp + 2) x
+ * 64 floats (about 180 KiB per thread at D = 128), independent of S.
+ *
+ * Results do not depend on the thread count (each row is owned by one task
+ * and accumulates keys in a fixed order): deterministic.
+ */
+#include "../../core/convert.h"
+#include "../../dispatch/backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BQ = 64, BK = 64, MR = 4, NR = 8 };
+
+/*
+ * e^x for x <= 0, vectorisable. x = n ln2 + f ln2 with n integer and
+ * |f| <= 1/2; 2^f by its degree-6 Taylor polynomial (truncation error
+ * <= 1.2e-7 relative), 2^n through the exponent bits. Results are within
+ * 3e-7 relative of expf for x in [-87, 0]; below -87 the result is a tiny
+ * normal number (~1e-38), which is zero for all softmax purposes.
+ * The rounding trick (t + 1.5 * 2^23 - 1.5 * 2^23) needs strict IEEE
+ * evaluation: this file must not be built with -ffast-math.
+ */
+static inline float exp_nonpos(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504088896341f;
+    float n = (t + 12582912.0f) - 12582912.0f;
+    float f = t - n;
+    float p = 1.5403530e-4f;
+    p = p * f + 1.3333558e-3f;
+    p = p * f + 9.6181291e-3f;
+    p = p * f + 5.5504109e-2f;
+    p = p * f + 2.4022651e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* C[MR][NR] += A[MR][K] * B[K][NR]; accumulators live in registers. */
+static inline void micro_kernel(int K, const float *restrict A, int lda, const float *restrict B,
+                                int ldb, float *restrict C, int ldc)
+{
+    float acc[MR][NR];
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NR; c++)
+            acc[r][c] = C[r * ldc + c];
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (size_t)k * ldb;
+        for (int r = 0; r < MR; r++) {
+            const float a = A[r * lda + k];
+            for (int c = 0; c < NR; c++)
+                acc[r][c] += a * b[c];
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int c = 0; c < NR; c++)
+            C[r * ldc + c] = acc[r][c];
+}
+
+/* C[M][N] += A[M][K] B[K][N] with M % MR == 0 and N % NR == 0. */
+static void gemm_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                     float *C, int ldc)
+{
+    for (int i = 0; i < M; i += MR)
+        for (int j = 0; j < N; j += NR)
+            micro_kernel(K, A + (size_t)i * lda, lda, B + j, ldb, C + (size_t)i * ldc + j, ldc);
+}
+
+typedef struct workspace {
+    float *q, *kraw, *kt, *v, *s, *o, *m, *l;
+} workspace;
+
+typedef struct flash_job {
+    const sdpa_call *c;
+    int Dp;
+    int64_t n_qblocks;
+    workspace *ws; /* one per worker */
+} flash_job;
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* Loads keys [j0, j0 + bk) of kv head hk: K transposed into kt, V as rows. */
+static void load_kv(const sdpa_call *c, const workspace *w, int Dp, int64_t b, int64_t hk,
+                    int64_t j0, int bk)
+{
+    const sdpa_tensor *k = c->k, *v = c->v;
+    const int64_t D = c->desc.D;
+    for (int j = 0; j < bk; j++) {
+        sdpa__load_row(sdpa__elem(k, sdpa__offset(k, b, j0 + j, hk, 0)), k->dtype, k->stride[3],
+                       D, 1.0f, w->kraw + (size_t)j * Dp);
+        sdpa__load_row(sdpa__elem(v, sdpa__offset(v, b, j0 + j, hk, 0)), v->dtype, v->stride[3],
+                       D, 1.0f, w->v + (size_t)j * Dp);
+    }
+    for (int dd = 0; dd < D; dd++)
+        for (int j = 0; j < bk; j++)
+            w->kt[(size_t)dd * BK + j] = w->kraw[(size_t)j * Dp + dd];
+}
+
+/*
+ * Online softmax over one S tile: turns rows of S into P in place, updates
+ * m and l, and rescales O. Row i may see the first n_cols(i) keys of the
+ * tile; the rest of its P row is zeroed so P V ignores them.
+ */
+static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t limit0,
+                         int causal)
+{
+    for (int i = 0; i < rows; i++) {
+        float *srow = w->s + (size_t)i * BK;
+        int64_t lim = causal ? limit0 + i : bk; /* keys of this tile the row may see */
+        int n_cols = lim < 0 ? 0 : (lim < bk ? (int)lim : bk);
+        float mx = w->m[i];
+        for (int j = 0; j < n_cols; j++)
+            mx = srow[j] > mx ? srow[j] : mx;
+        if (n_cols == 0 || mx == -INFINITY) {
+            memset(srow, 0, sizeof(float) * BK);
+            continue;
+        }
+        const float alpha = exp_nonpos(w->m[i] - mx);
+        float sum = 0.0f;
+        for (int j = 0; j < n_cols; j++) {
+            srow[j] = exp_nonpos(srow[j] - mx);
+            sum += srow[j];
+        }
+        for (int j = n_cols; j < BK; j++)
+            srow[j] = 0.0f;
+        w->l[i] = w->l[i] * alpha + sum;
+        w->m[i] = mx;
+        if (alpha != 1.0f) {
+            float *orow = w->o + (size_t)i * Dp;
+            for (int dd = 0; dd < Dp; dd++)
+                orow[dd] *= alpha;
+        }
+    }
+}
+
+static void flash_task(void *arg, int64_t task, int worker)
+{
+    const flash_job *job = arg;
+    const sdpa_call *c = job->c;
+    const sdpa_call_desc *d = &c->desc;
+    const workspace *w = &job->ws[worker];
+    const int Dp = job->Dp;
+    const int64_t qb = task % job->n_qblocks, bh = task / job->n_qblocks;
+    const int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / (d->Hq / d->Hkv);
+    const int64_t i0 = qb * BQ;
+    const int rows = (int)(d->Sq - i0 < BQ ? d->Sq - i0 : BQ);
+    const int rows_p = round_up(rows, MR);
+    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+
+    /* Keys beyond kv_end are masked for every row of this block. */
+    int64_t kv_end = d->Skv;
+    if (c->causal != SDPA_CAUSAL_NONE) {
+        int64_t last_visible = i0 + rows - 1 + offset; /* of the block's last row */
+        kv_end = last_visible < 0 ? 0 : (last_visible + 1 < d->Skv ? last_visible + 1 : d->Skv);
+    }
+
+    const sdpa_tensor *q = c->q;
+    memset(w->q, 0, sizeof(float) * (size_t)rows_p * Dp);
+    for (int r = 0; r < rows; r++)
+        sdpa__load_row(sdpa__elem(q, sdpa__offset(q, b, i0 + r, h, 0)), q->dtype, q->stride[3],
+                       d->D, (float)c->scale, w->q + (size_t)r * Dp);
+    memset(w->o, 0, sizeof(float) * (size_t)rows_p * Dp);
+    for (int i = 0; i < BQ; i++)
+        w->m[i] = -INFINITY, w->l[i] = 0.0f;
+
+    for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
+        const int bk = (int)(kv_end - j0 < BK ? kv_end - j0 : BK);
+        load_kv(c, w, Dp, b, hk, j0, bk);
+        memset(w->s, 0, sizeof(float) * (size_t)rows_p * BK);
+        gemm_acc(rows_p, round_up(bk, NR), (int)d->D, w->q, Dp, w->kt, BK, w->s, BK);
+        /* Row i sees keys j <= i0 + i + offset, i.e. the first
+         * (i0 + i + offset + 1 - j0) of this tile; without a mask, all. */
+        const int64_t limit0 = c->causal != SDPA_CAUSAL_NONE ? i0 + offset + 1 - j0 : BK;
+        softmax_tile(w, Dp, rows, bk, limit0, c->causal != SDPA_CAUSAL_NONE);
+        gemm_acc(rows_p, Dp, bk, w->s, BK, w->v, Dp, w->o, Dp);
+    }
+
+    sdpa_tensor *out = c->out;
+    for (int r = 0; r < rows; r++) {
+        const float l = w->l[r];
+        void *dst = (char *)out->data +
+                    sdpa__offset(out, b, i0 + r, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
+        sdpa__store_row(dst, out->dtype, out->stride[3], d->D, l > 0.0f ? 1.0f / l : 0.0f,
+                        w->o + (size_t)r * Dp);
+        if (c->lse)
+            c->lse[(b * d->Hq + h) * d->Sq + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+    }
+}
+
+static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const int threads = sdpa__pool_threads(c->pool);
+    const int Dp = round_up((int)c->desc.D, NR);
+    /* q, kraw, kt, v, o: Dp x 64 each; s: 64 x 64; m, l: 64 each. */
+    const size_t per = (size_t)5 * Dp * 64 + 64 * 64 + 2 * 64;
+    flash_job job = {c, Dp, (c->desc.Sq + BQ - 1) / BQ, NULL};
+    float *mem = calloc(per * (size_t)threads, sizeof(float));
+    job.ws = calloc((size_t)threads, sizeof *job.ws);
+    if (!mem || !job.ws) {
+        free(mem), free(job.ws);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.portable: cannot allocate %zu bytes of tiles",
+                          per * (size_t)threads * sizeof(float));
+    }
+    for (int t = 0; t < threads; t++) {
+        float *p = mem + per * (size_t)t;
+        workspace *w = &job.ws[t];
+        w->q = p, p += (size_t)Dp * 64;
+        w->kraw = p, p += (size_t)Dp * 64;
+        w->kt = p, p += (size_t)Dp * 64;
+        w->v = p, p += (size_t)Dp * 64;
+        w->o = p, p += (size_t)Dp * 64;
+        w->s = p, p += 64 * 64;
+        w->m = p, p += 64;
+        w->l = p;
+    }
+    sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * job.n_qblocks, flash_task, &job);
+    free(mem);
+    free(job.ws);
+    return SDPA_OK;
+}
+
+const sdpa_backend sdpa__backend_cpu_portable = {
+    .name = "cpu.portable",
+    .summary = "tiled online-softmax attention in portable C11, f32 accumulation",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
+                       SDPA_DTYPE_BIT(SDPA_BF16),
+             .d_min = 1, .d_max = 1024, .d_multiple = 1, .gqa = 1, .cross = 1,
+             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1},
+    .fallback_rank = 10,
+    .version = SDPA_VERSION_STRING,
+    .run = portable_run,
+};

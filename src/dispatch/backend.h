@@ -1,0 +1,74 @@
+/*
+ * backend.h - what a backend is to the dispatcher.
+ *
+ * A backend is one descriptor: static capabilities the core knows whether
+ * or not the code is built or usable here (so `sdpa explain` can show what
+ * an sm_100 GPU would do from a laptop), plus three functions:
+ *
+ *   present(host)   can it run on this machine at all? If not, why.
+ *   check(call)     can it run this exact call? If not, a short reason.
+ *                   Only what the capability table cannot say goes here.
+ *   run(call)       do it. UNSUPPORTED here means "this shape, after all"
+ *                   and gets the backend latched off for the calling layer.
+ *
+ * The capability table is checked by sdpa__backend_accepts first, so
+ * every backend refuses the same things with the same words.
+ */
+#ifndef SDPA_BACKEND_H
+#define SDPA_BACKEND_H
+
+#include "../core/core.h"
+
+typedef struct sdpa_backend sdpa_backend;
+
+typedef struct sdpa_caps {
+    unsigned dtypes;       /* bit (1 << sdpa_dtype) per accepted input dtype */
+    int d_min, d_max;      /* head dim range                                 */
+    int d_multiple;        /* head dim must be a multiple of this (1: any)   */
+    unsigned char gqa, cross, causal_top_left, causal_bottom_right, lse, deterministic;
+    unsigned cpu_features; /* SDPA_CPU_* the platform must have              */
+    int min_cc;            /* CUDA compute capability * 10, 0: none          */
+    int min_cudnn;         /* cuDNN version (91900 = 9.19.0), 0: none        */
+} sdpa_caps;
+
+struct sdpa_backend {
+    const char *name;
+    const char *summary;
+    sdpa_device_kind device;
+    sdpa_caps caps;
+    /* Position in the fallback chain of its device: higher is tried first;
+     * 0 keeps it out of the chain (only rules or overrides name it). */
+    int fallback_rank;
+    const char *version;
+    int (*present)(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n);
+    int (*check)(const sdpa_backend *self, const sdpa_call_desc *d, const sdpa_platform *p,
+                 char *why, size_t n); /* NULL: the caps say it all */
+    sdpa_status (*run)(const sdpa_backend *self, const sdpa_call *call);
+    void *state; /* for backends made at run time (tests' scripted ones) */
+};
+
+#define SDPA_DTYPE_BIT(t) (1u << (t))
+
+/* The backends compiled into the core, in registry order. */
+extern const sdpa_backend sdpa__backend_ref;
+extern const sdpa_backend sdpa__backend_cpu_portable;
+extern const sdpa_backend sdpa__backend_cuda_cudnn;
+extern const sdpa_backend sdpa__backend_cuda_flash;
+extern const sdpa_backend sdpa__backend_cuda_unfused;
+
+/* The built-in table (NULL-terminated). */
+extern const sdpa_backend *const sdpa__builtin_backends[];
+
+/*
+ * Can `b` run the call described by `d` on platform `p`? Checks device,
+ * platform requirements, the capability table, then b->check. Returns 1, or
+ * 0 with a short reason in why ("head_dim 72 not a multiple of 32").
+ */
+int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
+                          const sdpa_call_desc *d, char *why, size_t n);
+
+/* Can `b` run on this machine? 1, or 0 with the reason. */
+int sdpa__backend_present(const sdpa_backend *b, const sdpa_platform *host, char *why,
+                          size_t n);
+
+#endif

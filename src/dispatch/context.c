@@ -1,0 +1,340 @@
+/*
+ * context.c - creating a context (platform, backends, rules, environment),
+ * per-component and scoped overrides, backend listing.
+ */
+#include "context.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- scoped overrides: a per-thread stack of backend names */
+
+static _Thread_local int override_depth;
+static _Thread_local char override_stack[SDPA_OVERRIDE_DEPTH][64];
+
+sdpa_status sdpa_override_push(const char *backend)
+{
+    if (!backend || !*backend)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "backend is %s, expected a backend name",
+                          backend ? "empty" : "NULL");
+    if (strlen(backend) >= sizeof override_stack[0])
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "backend name '%.20s...' is too long", backend);
+    if (override_depth == SDPA_OVERRIDE_DEPTH)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "scoped overrides nested deeper than %d; expected a pop for each push",
+                          SDPA_OVERRIDE_DEPTH);
+    strcpy(override_stack[override_depth++], backend);
+    sdpa__clear_error();
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_override_pop(void)
+{
+    if (override_depth == 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "sdpa_override_pop without a matching sdpa_override_push");
+    override_depth--;
+    sdpa__clear_error();
+    return SDPA_OK;
+}
+
+const char *sdpa_override_current(void)
+{
+    return override_depth ? override_stack[override_depth - 1] : NULL;
+}
+
+/* ---- backends */
+
+int sdpa__ctx_find(const sdpa_context *ctx, const char *name)
+{
+    for (int i = 0; i < ctx->n_backends; i++)
+        if (strcmp(ctx->backends[i]->name, name) == 0)
+            return i;
+    return -1;
+}
+
+static int name_known(const char *name, void *user)
+{
+    return sdpa__ctx_find(user, name) >= 0;
+}
+
+sdpa_status sdpa__ctx_add_backend(sdpa_context *ctx, const sdpa_backend *b)
+{
+    if (ctx->n_backends == SDPA_MAX_BACKENDS)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "too many backends (at most %d)",
+                          SDPA_MAX_BACKENDS);
+    if (sdpa__ctx_find(ctx, b->name) >= 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "backend '%s' already registered", b->name);
+    int i = ctx->n_backends++;
+    ctx->backends[i] = b;
+    ctx->present[i] = sdpa__backend_present(b, &ctx->host, ctx->why_absent[i],
+                                            sizeof ctx->why_absent[i]);
+    atomic_fetch_add(&ctx->generation, 1);
+    return SDPA_OK;
+}
+
+int sdpa_backend_count(const sdpa_context *ctx) { return ctx ? ctx->n_backends : 0; }
+
+sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_info *out)
+{
+    if (!ctx || !out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "out" : "ctx");
+    if (index < 0 || index >= ctx->n_backends)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "index is %d, expected 0..%d", index,
+                          ctx->n_backends - 1);
+    const sdpa_backend *b = ctx->backends[index];
+    memset(out, 0, sizeof *out);
+    out->name = b->name;
+    out->summary = b->summary;
+    out->device = b->device;
+    out->dtypes = b->caps.dtypes;
+    out->head_dim_min = b->caps.d_min, out->head_dim_max = b->caps.d_max;
+    out->head_dim_multiple = b->caps.d_multiple;
+    out->gqa = b->caps.gqa, out->cross = b->caps.cross;
+    out->causal_top_left = b->caps.causal_top_left;
+    out->causal_bottom_right = b->caps.causal_bottom_right;
+    out->lse = b->caps.lse, out->deterministic = b->caps.deterministic;
+    out->cpu_features = b->caps.cpu_features;
+    out->min_cc = b->caps.min_cc;
+    out->present = ctx->present[index];
+    sdpa__strlcpy(out->why_absent, ctx->why_absent[index], sizeof out->why_absent);
+    out->version = b->version;
+    return SDPA_OK;
+}
+
+/* ---- context */
+
+const sdpa_platform *sdpa_context_platform(const sdpa_context *ctx)
+{
+    return ctx ? &ctx->platform : NULL;
+}
+
+int sdpa_context_threads(const sdpa_context *ctx) { return ctx ? ctx->threads : 0; }
+
+sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out)
+{
+    sdpa_status st = SDPA_OK;
+    pthread_mutex_lock(&ctx->pool_lock);
+    if (!ctx->pool)
+        st = sdpa__pool_create(ctx->threads, &ctx->pool);
+    *out = ctx->pool;
+    pthread_mutex_unlock(&ctx->pool_lock);
+    return st;
+}
+
+static sdpa_status install_policy(sdpa_context *ctx, const char *text, const char *origin)
+{
+    sdpa_policy *pol;
+    sdpa_status st = sdpa__policy_parse(text, origin, name_known, ctx, &pol);
+    if (st != SDPA_OK)
+        return st;
+    pthread_rwlock_wrlock(&ctx->lock);
+    if (ctx->n_policies == SDPA_MAX_POLICIES + 1) {
+        pthread_rwlock_unlock(&ctx->lock);
+        sdpa__policy_free(pol);
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s: too many rule files (at most %d)", origin,
+                          SDPA_MAX_POLICIES);
+    }
+    /* Newest first: a later file takes precedence over earlier ones. */
+    memmove(&ctx->policies[1], &ctx->policies[0], sizeof ctx->policies[0] * ctx->n_policies);
+    memmove(&ctx->policy_origin[1], &ctx->policy_origin[0],
+            sizeof ctx->policy_origin[0] * ctx->n_policies);
+    ctx->policies[0] = pol;
+    sdpa__strlcpy(ctx->policy_origin[0], origin, sizeof ctx->policy_origin[0]);
+    ctx->n_policies++;
+    atomic_fetch_add(&ctx->generation, 1);
+    pthread_rwlock_unlock(&ctx->lock);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_context_load_policy_text(sdpa_context *ctx, const char *text, const char *origin)
+{
+    if (!ctx || !text)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "text" : "ctx");
+    sdpa_status st = install_policy(ctx, text, origin ? origin : "(text)");
+    if (st == SDPA_OK)
+        sdpa__clear_error();
+    return st;
+}
+
+sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
+{
+    if (!ctx || !path)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "path" : "ctx");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' cannot be opened", path);
+    char *text = NULL;
+    size_t len = 0, cap = 0, n;
+    char chunk[4096];
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                fclose(f);
+                return sdpa__fail(SDPA_OUT_OF_MEMORY, "policy file '%s': cannot allocate", path);
+            }
+            text = t;
+        }
+        memcpy(text + len, chunk, n);
+        len += n;
+    }
+    int read_error = ferror(f);
+    fclose(f);
+    if (read_error) {
+        free(text);
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' cannot be read", path);
+    }
+    if (!text && !(text = calloc(1, 1)))
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "policy file '%s': cannot allocate", path);
+    text[len] = '\0';
+    if (strlen(text) != len) {
+        free(text);
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' contains a NUL byte", path);
+    }
+    sdpa_status st = install_policy(ctx, text, path);
+    free(text);
+    if (st == SDPA_OK)
+        sdpa__clear_error();
+    return st;
+}
+
+sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *component,
+                                               const char *backend)
+{
+    if (!ctx || !component || !*component)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL or empty",
+                          ctx ? "component" : "ctx");
+    if (strlen(component) >= sizeof ctx->components[0].component)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "component name '%.20s...' is too long",
+                          component);
+    int b = -1;
+    if (backend && (b = sdpa__ctx_find(ctx, backend)) < 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "backend '%s' unknown (see `sdpa info` for the names)", backend);
+    pthread_rwlock_wrlock(&ctx->lock);
+    int i = 0;
+    while (i < ctx->n_components && strcmp(ctx->components[i].component, component))
+        i++;
+    sdpa_status st = SDPA_OK;
+    if (b < 0) {
+        if (i < ctx->n_components)
+            ctx->components[i] = ctx->components[--ctx->n_components];
+    } else if (i == ctx->n_components && i == SDPA_MAX_COMPONENTS) {
+        st = sdpa__fail(SDPA_INVALID_ARGUMENT, "too many component overrides (at most %d)",
+                        SDPA_MAX_COMPONENTS);
+    } else {
+        if (i == ctx->n_components)
+            ctx->n_components++;
+        sdpa__strlcpy(ctx->components[i].component, component,
+                      sizeof ctx->components[i].component);
+        ctx->components[i].backend = b;
+    }
+    atomic_fetch_add(&ctx->generation, 1);
+    pthread_rwlock_unlock(&ctx->lock);
+    if (st == SDPA_OK)
+        sdpa__clear_error();
+    return st;
+}
+
+static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
+{
+    const char *s;
+    if (o->log_level < 0 && !o->ignore_env && (s = getenv("SDPA_LOG")) && *s) {
+        int lvl = sdpa__log_level_parse(s);
+        if (lvl < 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "SDPA_LOG='%s' unknown, expected error, warn, info or debug", s);
+        ctx->log.level = lvl;
+    }
+    if (!o->ignore_env && (s = getenv("SDPA_MAX_ISA")) && *s) {
+        int ok;
+        unsigned mask = sdpa__isa_level_mask(s, &ok);
+        if (!ok)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "SDPA_MAX_ISA='%s' unknown, expected portable, avx2, avx512 or amx",
+                              s);
+        unsigned before = ctx->host.cpu_features;
+        ctx->host.cpu_features &= mask;
+        if (!ctx->platform.simulated)
+            ctx->platform.cpu_features &= mask;
+        sdpa__log(&ctx->log, SDPA_LOG_INFO, "SDPA_MAX_ISA=%s: CPU features 0x%x -> 0x%x", s,
+                  before, ctx->host.cpu_features);
+    }
+    if (!o->ignore_env && (s = getenv("SDPA_BACKEND")) && *s) {
+        if ((ctx->env_backend = sdpa__ctx_find(ctx, s)) < 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "SDPA_BACKEND='%s' unknown (see `sdpa info` for the names)", s);
+    }
+    const char *policy = o->policy_file;
+    if (!policy && !o->ignore_env && (s = getenv("SDPA_POLICY")) && *s)
+        policy = s;
+    if (policy)
+        return sdpa_context_load_policy(ctx, policy);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out)
+{
+    static const sdpa_context_options defaults = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    if (!out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a place for the context");
+    *out = NULL;
+    const sdpa_context_options *o = opts ? opts : &defaults;
+    if (o->threads < 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "opts->threads is %d, expected >= 0 (0 = all)",
+                          o->threads);
+    if (o->log_level < -1 || o->log_level > SDPA_LOG_DEBUG)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "opts->log_level is %d, expected -1..3",
+                          o->log_level);
+    sdpa_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate a context");
+    pthread_mutex_init(&ctx->pool_lock, NULL);
+    pthread_rwlock_init(&ctx->lock, NULL);
+    ctx->env_backend = -1;
+    ctx->log.fn = o->log;
+    ctx->log.user = o->log_user;
+    ctx->log.level = o->log_level >= 0 ? o->log_level : SDPA_LOG_WARN;
+    sdpa_platform_detect(&ctx->host);
+    ctx->platform = o->platform ? *o->platform : ctx->host;
+    ctx->threads = o->threads ? o->threads : ctx->host.cpu_cores;
+
+    sdpa_status st = SDPA_OK;
+    for (int i = 0; sdpa__builtin_backends[i] && st == SDPA_OK; i++)
+        st = sdpa__ctx_add_backend(ctx, sdpa__builtin_backends[i]);
+    if (st == SDPA_OK)
+        st = install_policy(ctx, sdpa__default_rules_text, "default.rules");
+    if (st == SDPA_OK)
+        st = apply_env(ctx, o);
+    if (st != SDPA_OK) {
+        char msg[1024];
+        sdpa__strlcpy(msg, sdpa_last_error(), sizeof msg);
+        sdpa_context_destroy(ctx);
+        return sdpa__fail(st, "%s", msg);
+    }
+    /* Presence depends on the host's features after SDPA_MAX_ISA. */
+    for (int i = 0; i < ctx->n_backends; i++)
+        ctx->present[i] = sdpa__backend_present(ctx->backends[i], &ctx->host, ctx->why_absent[i],
+                                                sizeof ctx->why_absent[i]);
+    sdpa__log(&ctx->log, SDPA_LOG_INFO, "context: %s, %d threads, %d backends", ctx->host.cpu_model,
+              ctx->threads, ctx->n_backends);
+    *out = ctx;
+    sdpa__clear_error();
+    return SDPA_OK;
+}
+
+void sdpa_context_destroy(sdpa_context *ctx)
+{
+    if (!ctx)
+        return;
+    sdpa__pool_destroy(ctx->pool);
+    for (int i = 0; i < ctx->n_policies; i++)
+        sdpa__policy_free(ctx->policies[i]);
+    pthread_mutex_destroy(&ctx->pool_lock);
+    pthread_rwlock_destroy(&ctx->lock);
+    free(ctx);
+}

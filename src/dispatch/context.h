@@ -1,0 +1,86 @@
+/*
+ * context.h - the context, layers and the decision procedure, as the
+ * dispatcher's files share them.
+ */
+#ifndef SDPA_CONTEXT_H
+#define SDPA_CONTEXT_H
+
+#include "backend.h"
+#include "policy.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define SDPA_MAX_COMPONENTS 32
+#define SDPA_MAX_POLICIES 8
+#define SDPA_OVERRIDE_DEPTH 16
+
+struct sdpa_context {
+    sdpa_platform platform; /* what decisions are made for (may be simulated) */
+    sdpa_platform host;     /* this machine: decides which backends are present */
+    sdpa_logger log;
+    int threads;
+
+    pthread_mutex_t pool_lock; /* the pool starts on the first parallel run */
+    sdpa_pool *pool;
+
+    int n_backends;
+    const sdpa_backend *backends[SDPA_MAX_BACKENDS];
+    int present[SDPA_MAX_BACKENDS];
+    char why_absent[SDPA_MAX_BACKENDS][160];
+
+    /* Mutable after creation: guarded by `lock`. */
+    pthread_rwlock_t lock;
+    int n_policies; /* policies[0] is the newest user file; the built-in set is last */
+    sdpa_policy *policies[SDPA_MAX_POLICIES + 1];
+    char policy_origin[SDPA_MAX_POLICIES + 1][160];
+    int n_components;
+    struct {
+        char component[48];
+        int backend;
+    } components[SDPA_MAX_COMPONENTS];
+    /* Bumped whenever rules or overrides change: layers' caches go stale. */
+    _Atomic unsigned generation;
+
+    int env_backend; /* SDPA_BACKEND's backend index, or -1 */
+};
+
+/* A choice fixed before any rule is consulted (levels 1-4 of the precedence). */
+typedef struct sdpa_choice {
+    sdpa_source source;
+    int backend; /* index into ctx->backends */
+    char detail[128];
+} sdpa_choice;
+
+/* Index of a backend by name, or -1. */
+int sdpa__ctx_find(const sdpa_context *ctx, const char *name);
+
+/*
+ * The choice that overrides the rules for a call, if any, in precedence
+ * order: desc->backend, then `fixed` (a layer's captured choice), then the
+ * scoped override, the component override and SDPA_BACKEND.
+ * Returns 1 and fills *out, 0 when the rules decide, or -1 with
+ * INVALID_ARGUMENT recorded when a name is unknown.
+ */
+int sdpa__resolve_choice(const sdpa_context *ctx, const sdpa_call_desc *desc,
+                         const sdpa_choice *fixed, sdpa_choice *out);
+
+/*
+ * The full decision. cand[] receives backend indices in order. Returns
+ * INVALID_ARGUMENT for a bad description or unknown backend name; otherwise
+ * OK with out->status saying whether anything can run.
+ */
+sdpa_status sdpa__decide(sdpa_context *ctx, const sdpa_call_desc *desc, const sdpa_choice *fixed,
+                         sdpa_decision *out, int *cand);
+
+/* The context's pool, started on first use. */
+sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out);
+
+/* Adds a backend at run time (tests' scripted backends). Not thread-safe:
+ * call before the context is shared. */
+sdpa_status sdpa__ctx_add_backend(sdpa_context *ctx, const sdpa_backend *b);
+
+/* Describes the call's shape class for log lines. */
+void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,279 @@
+/*
+ * layer.c - running a call: the one-shot entry point and layer handles
+ * with their decision cache and latch.
+ *
+ * A layer caches its decision per shape class (dtype, sizes, mask, LSE,
+ * determinism), so the steady-state cost of dispatch is one mutex and one
+ * table probe (bench/dispatch_overhead measures it). A backend that answers
+ * UNSUPPORTED while running is latched off for the layer: one atomic bit,
+ * one warning, and the next candidate runs in the same call.
+ */
+#include "context.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CACHE_SLOTS 64
+
+typedef struct cache_entry {
+    int valid;
+    unsigned generation;
+    sdpa_call_desc key; /* string fields are not part of the key */
+    int n;
+    int cand[SDPA_MAX_CANDIDATES];
+    sdpa_source source;
+    sdpa_status status;
+    char error[256];
+} cache_entry;
+
+struct sdpa_layer {
+    sdpa_context *ctx;
+    char name[96];
+    char component[48];
+    char quant[32];
+    int has_choice;
+    sdpa_choice choice;          /* levels 1-4, captured at creation */
+    _Atomic uint64_t latched;    /* bit per backend index */
+    pthread_mutex_t cache_lock;
+    cache_entry cache[CACHE_SLOTS];
+};
+
+_Static_assert(SDPA_MAX_BACKENDS <= 64, "latch mask holds one bit per backend");
+
+/* ---- running a list of candidates */
+
+/* Appends to a fixed buffer, "; "-separated, truncating quietly. */
+static void note(char *buf, size_t cap, const char *name, const char *why)
+{
+    const char *parts[4] = {buf[0] ? "; " : "", name, ": ", why};
+    for (int i = 0; i < 4; i++) {
+        size_t len = strlen(buf);
+        sdpa__strlcpy(buf + len, parts[i], cap - len);
+    }
+}
+
+static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const char *layer_name,
+                                  sdpa_call *call, const int *cand, int n, sdpa_source source)
+{
+    const int fixed = source <= SDPA_SOURCE_ENVIRONMENT;
+    char skipped[512] = "";
+    int n_absent = 0;
+    sdpa_status st = sdpa__ctx_pool(ctx, &call->pool);
+    if (st != SDPA_OK)
+        return st;
+    for (int k = 0; k < n; k++) {
+        const int b = cand[k];
+        const sdpa_backend *be = ctx->backends[b];
+        if (layer && (atomic_load_explicit(&layer->latched, memory_order_relaxed) >> b) & 1u) {
+            note(skipped, sizeof skipped, be->name, "latched off");
+            continue;
+        }
+        if (!ctx->present[b]) {
+            if (fixed)
+                return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: %s", be->name, ctx->why_absent[b]);
+            n_absent++;
+            note(skipped, sizeof skipped, be->name, ctx->why_absent[b]);
+            continue;
+        }
+        st = be->run(be, call);
+        if (st == SDPA_OK) {
+            sdpa__set_last_backend(be->name);
+            sdpa__clear_error();
+            return SDPA_OK;
+        }
+        if (st != SDPA_UNSUPPORTED || fixed)
+            return st; /* never swallowed: OOM, device errors, bad input, bugs */
+        char reason[512];
+        sdpa__strlcpy(reason, sdpa_last_error(), sizeof reason);
+        note(skipped, sizeof skipped, be->name, reason);
+        if (layer) {
+            uint64_t bit = 1ull << b;
+            uint64_t old = atomic_fetch_or(&layer->latched, bit);
+            if (!(old & bit))
+                sdpa__log(&ctx->log, SDPA_LOG_WARN,
+                          "layer '%s': backend %s refused the call at run time (%s); latched off "
+                          "for this layer, running the next candidate",
+                          layer_name, be->name, reason);
+        } else {
+            sdpa__log(&ctx->log, SDPA_LOG_INFO,
+                      "%s: backend %s refused the call at run time (%s); running the next "
+                      "candidate",
+                      layer_name, be->name, reason);
+        }
+    }
+    /* Only absent backends: nothing here can run it. Otherwise the call
+     * itself is what the candidates refused. */
+    return sdpa__fail(n_absent == n ? SDPA_NOT_AVAILABLE : SDPA_UNSUPPORTED,
+                      "%s: no candidate could run the call (%s)", layer_name,
+                      skipped[0] ? skipped : "no candidates");
+}
+
+sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                         const sdpa_params *params)
+{
+    if (!ctx)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
+    sdpa_call call;
+    sdpa_status st = sdpa__call_prepare(q, k, v, out, lse, params, &call);
+    if (st != SDPA_OK)
+        return st;
+    sdpa_decision dec;
+    int cand[SDPA_MAX_CANDIDATES];
+    if ((st = sdpa__decide(ctx, &call.desc, NULL, &dec, cand)) != SDPA_OK)
+        return st;
+    if (dec.status != SDPA_OK)
+        return sdpa__fail(dec.status, "%s", dec.error);
+    const char *name = params && params->layer_name ? params->layer_name : "sdpa_forward";
+    return run_candidates(ctx, NULL, name, &call, cand, dec.n_candidates, dec.source);
+}
+
+/* ---- layers */
+
+sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc, sdpa_layer **out)
+{
+    static const sdpa_layer_desc defaults = SDPA_LAYER_DESC_DEFAULT;
+    if (!ctx || !out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "out" : "ctx");
+    *out = NULL;
+    if (!desc)
+        desc = &defaults;
+    sdpa_layer *l = calloc(1, sizeof *l);
+    if (!l)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate a layer");
+    l->ctx = ctx;
+    sdpa__strlcpy(l->name, desc->name ? desc->name : "(unnamed layer)", sizeof l->name);
+    sdpa__strlcpy(l->component, desc->component ? desc->component : "", sizeof l->component);
+    sdpa__strlcpy(l->quant, desc->quant ? desc->quant : "", sizeof l->quant);
+    /* Levels 1-4 are resolved now, under the scoped override active now. */
+    sdpa_call_desc probe;
+    memset(&probe, 0, sizeof probe);
+    probe.backend = desc->backend;
+    probe.component = desc->component;
+    int r = sdpa__resolve_choice(ctx, &probe, NULL, &l->choice);
+    if (r < 0) {
+        free(l);
+        return SDPA_INVALID_ARGUMENT;
+    }
+    if (r > 0 && l->choice.source == SDPA_SOURCE_EXPLICIT)
+        sdpa__fmt(l->choice.detail, sizeof l->choice.detail, "backend=%s on layer '%s'",
+                  desc->backend, l->name);
+    l->has_choice = r > 0;
+    pthread_mutex_init(&l->cache_lock, NULL);
+    *out = l;
+    sdpa__clear_error();
+    return SDPA_OK;
+}
+
+void sdpa_layer_destroy(sdpa_layer *layer)
+{
+    if (!layer)
+        return;
+    pthread_mutex_destroy(&layer->cache_lock);
+    free(layer);
+}
+
+int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend)
+{
+    if (!layer || !backend)
+        return 0;
+    int b = sdpa__ctx_find(layer->ctx, backend);
+    return b >= 0 && ((atomic_load(&layer->latched) >> b) & 1u);
+}
+
+static int same_class(const sdpa_call_desc *a, const sdpa_call_desc *b)
+{
+    return a->device == b->device && a->dtype == b->dtype && a->B == b->B && a->Sq == b->Sq &&
+           a->Skv == b->Skv && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D &&
+           a->causal == b->causal && a->want_lse == b->want_lse &&
+           a->deterministic == b->deterministic;
+}
+
+static unsigned class_hash(const sdpa_call_desc *d)
+{
+    uint64_t h = 1469598103934665603ull;
+    const int64_t f[] = {d->device, d->dtype, d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D,
+                         d->causal, d->want_lse, d->deterministic};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        h = (h ^ (uint64_t)f[i]) * 1099511628211ull;
+    return (unsigned)(h ^ (h >> 32)) % CACHE_SLOTS;
+}
+
+/* The layer's decision for this shape class: from the cache, or made now. */
+static sdpa_status layer_decision(sdpa_layer *l, const sdpa_call_desc *d, cache_entry *out)
+{
+    sdpa_context *ctx = l->ctx;
+    const unsigned gen = atomic_load(&ctx->generation);
+    const unsigned slot = class_hash(d);
+    pthread_mutex_lock(&l->cache_lock);
+    cache_entry *e = &l->cache[slot];
+    int hit = e->valid && e->generation == gen && same_class(&e->key, d);
+    if (hit)
+        *out = *e;
+    pthread_mutex_unlock(&l->cache_lock);
+    if (hit)
+        return SDPA_OK;
+
+    sdpa_decision *dec = malloc(sizeof *dec);
+    if (!dec)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "layer '%s': cannot allocate a decision", l->name);
+    memset(out, 0, sizeof *out);
+    sdpa_status st = sdpa__decide(ctx, d, l->has_choice ? &l->choice : NULL, dec, out->cand);
+    if (st != SDPA_OK) {
+        free(dec);
+        return st;
+    }
+    out->valid = 1;
+    out->generation = gen;
+    out->key = *d;
+    out->key.backend = out->key.component = out->key.quant = NULL;
+    out->n = dec->n_candidates;
+    out->source = dec->source;
+    out->status = dec->status;
+    sdpa__strlcpy(out->error, dec->error, sizeof out->error);
+    if (ctx->log.level >= SDPA_LOG_DEBUG) {
+        char cls[256], list[256] = "";
+        sdpa__desc_string(d, cls, sizeof cls);
+        for (int i = 0, len = 0; i < dec->n_candidates; i++)
+            len += snprintf(list + len, sizeof list - (size_t)len, "%s%s", i ? ", " : "",
+                            dec->candidates[i]);
+        sdpa__log(&ctx->log, SDPA_LOG_DEBUG, "layer '%s': %s -> [%s] by %s%s%s%s", l->name, cls,
+                  dec->n_candidates ? list : dec->error, sdpa_source_name(dec->source),
+                  dec->rule[0] ? " '" : "", dec->rule, dec->rule[0] ? "'" : "");
+    }
+    free(dec);
+    pthread_mutex_lock(&l->cache_lock);
+    l->cache[slot] = *out;
+    pthread_mutex_unlock(&l->cache_lock);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_layer_forward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                               const sdpa_params *params)
+{
+    if (!l)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "layer is NULL, expected a layer handle");
+    sdpa_call call;
+    sdpa_status st = sdpa__call_prepare(q, k, v, out, lse, params, &call);
+    if (st != SDPA_OK)
+        return st;
+    call.desc.component = l->component[0] ? l->component : NULL;
+    call.desc.quant = l->quant[0] ? l->quant : NULL;
+    if (call.desc.backend) { /* per-call explicit choice: not cached */
+        sdpa_decision dec;
+        int cand[SDPA_MAX_CANDIDATES];
+        if ((st = sdpa__decide(l->ctx, &call.desc, NULL, &dec, cand)) != SDPA_OK)
+            return st;
+        if (dec.status != SDPA_OK)
+            return sdpa__fail(dec.status, "layer '%s': %s", l->name, dec.error);
+        return run_candidates(l->ctx, l, l->name, &call, cand, dec.n_candidates, dec.source);
+    }
+    cache_entry e;
+    if ((st = layer_decision(l, &call.desc, &e)) != SDPA_OK)
+        return st;
+    if (e.status != SDPA_OK)
+        return sdpa__fail(e.status, "layer '%s': %s", l->name, e.error);
+    return run_candidates(l->ctx, l, l->name, &call, e.cand, e.n, e.source);
+}

@@ -1,0 +1,401 @@
+/*
+ * policy.c - parse and match policy rules.
+ *
+ * A rule file is a list of stanzas; the first rule whose every condition
+ * holds names the backends to try, in order:
+ *
+ *     rule blackwell-cudnn
+ *     device      cuda
+ *     cc          10.x
+ *     dtype       f16 bf16
+ *     causal      none
+ *     same_heads  yes
+ *     try         cuda.cudnn cuda.flash cuda.unfused
+ *     evidence    B200, 11 diffusion shapes: cuDNN 1.1-1.3x over flash
+ *
+ * Lines starting with '#' are comments. Absent conditions match anything.
+ * Every rule needs `try` and `evidence`. Ranges: N, N-M, >=N, <=N, >N, <N;
+ * compute capabilities as X.Y or X.x (any minor).
+ */
+#include "policy.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const sdpa_range any_range = {INT64_MIN, INT64_MAX};
+
+static int in_range(sdpa_range r, int64_t v) { return v >= r.lo && v <= r.hi; }
+static int is_any(sdpa_range r) { return r.lo == INT64_MIN && r.hi == INT64_MAX; }
+
+/* One value: an integer, or for compute capabilities X.Y / X.x. */
+static int parse_atom(const char *s, int is_cc, sdpa_range *out)
+{
+    char *end;
+    if (!isdigit((unsigned char)*s))
+        return 0;
+    long long v = strtoll(s, &end, 10);
+    if (!is_cc) {
+        if (*end)
+            return 0;
+        out->lo = out->hi = v;
+        return 1;
+    }
+    if (*end != '.' || v > 99)
+        return 0;
+    if (strcmp(end + 1, "x") == 0) {
+        out->lo = v * 10, out->hi = v * 10 + 9;
+        return 1;
+    }
+    if (!isdigit((unsigned char)end[1]) || end[2] != '\0')
+        return 0;
+    out->lo = out->hi = v * 10 + (end[1] - '0');
+    return 1;
+}
+
+static int parse_range(const char *s, int is_cc, sdpa_range *out)
+{
+    sdpa_range a, b;
+    *out = any_range;
+    if (strncmp(s, ">=", 2) == 0 && parse_atom(s + 2, is_cc, &a))
+        return out->lo = a.lo, 1;
+    if (strncmp(s, "<=", 2) == 0 && parse_atom(s + 2, is_cc, &a))
+        return out->hi = a.hi, 1;
+    if (*s == '>' && parse_atom(s + 1, is_cc, &a))
+        return out->lo = a.hi + 1, 1;
+    if (*s == '<' && parse_atom(s + 1, is_cc, &a))
+        return out->hi = a.lo - 1, 1;
+    const char *dash = strchr(s, '-');
+    if (dash) {
+        char left[64];
+        size_t n = (size_t)(dash - s);
+        if (n == 0 || n >= sizeof left)
+            return 0;
+        memcpy(left, s, n);
+        left[n] = '\0';
+        if (!parse_atom(left, is_cc, &a) || !parse_atom(dash + 1, is_cc, &b) || a.lo > b.hi)
+            return 0;
+        out->lo = a.lo, out->hi = b.hi;
+        return 1;
+    }
+    if (!parse_atom(s, is_cc, &a))
+        return 0;
+    *out = a;
+    return 1;
+}
+
+static int parse_yesno(const char *s, int *out)
+{
+    if (strcmp(s, "yes") == 0)
+        return *out = 1, 1;
+    if (strcmp(s, "no") == 0)
+        return *out = 0, 1;
+    return 0;
+}
+
+typedef struct parser {
+    const char *origin;
+    int line;
+    sdpa_name_known_fn known;
+    void *user;
+} parser;
+
+static sdpa_status perr(const parser *ps, const char *fmt, const char *a, const char *b)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, fmt, a, b);
+    return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s:%d: %s", ps->origin, ps->line, msg);
+}
+
+/* Splits `value` into words; returns their count, or -1 if more than max. */
+static int split_words(char *value, char **words, int max)
+{
+    int n = 0;
+    for (char *save = NULL, *w = strtok_r(value, " \t,", &save); w;
+         w = strtok_r(NULL, " \t,", &save)) {
+        if (n == max)
+            return -1;
+        words[n++] = w;
+    }
+    return n;
+}
+
+static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char *value)
+{
+    char raw[256];
+    sdpa__strlcpy(raw, value, sizeof raw);
+    if (strcmp(key, "evidence") == 0) {
+        if (!*value)
+            return perr(ps, "evidence is empty; say which measurement justifies the rule%s%s",
+                        "", "");
+        sdpa__strlcpy(r->evidence, value, sizeof r->evidence);
+        return SDPA_OK;
+    }
+    char *w[SDPA_MAX_CANDIDATES];
+    int n = split_words(value, w, SDPA_MAX_CANDIDATES);
+    if (n == 0)
+        return perr(ps, "'%s' has no value%s", key, "");
+    if (n < 0)
+        return perr(ps, "'%s' lists too many values (at most 16)%s", key, "");
+
+    if (strcmp(key, "device") == 0) {
+        if (n != 1 || (strcmp(w[0], "cpu") && strcmp(w[0], "cuda")))
+            return perr(ps, "device '%s' unknown, expected cpu or cuda%s", raw, "");
+        r->device = strcmp(w[0], "cpu") == 0 ? SDPA_DEVICE_CPU : SDPA_DEVICE_CUDA;
+    } else if (strcmp(key, "cc") == 0 || strcmp(key, "cudnn") == 0) {
+        int is_cc = key[1] == 'c';
+        if (n != 1 || !parse_range(w[0], is_cc, is_cc ? &r->cc : &r->cudnn))
+            return perr(ps, "'%s' is not a range, expected e.g. %s", raw,
+                        is_cc ? "10.x, 9.0, 8.0-9.0 or >=8.0" : "91900, 91000-91001 or >=90000");
+    } else if (strcmp(key, "isa") == 0) {
+        static const struct {
+            const char *name;
+            unsigned bit;
+        } isas[] = {{"avx2", SDPA_CPU_AVX2},         {"avx512", SDPA_CPU_AVX512F},
+                    {"avx512bf16", SDPA_CPU_AVX512BF16}, {"avx512fp16", SDPA_CPU_AVX512FP16},
+                    {"amx", SDPA_CPU_AMX_BF16},       {"neon", SDPA_CPU_NEON}};
+        for (int i = 0; i < n; i++) {
+            size_t k = 0;
+            while (k < sizeof isas / sizeof *isas && strcmp(isas[k].name, w[i]))
+                k++;
+            if (k == sizeof isas / sizeof *isas)
+                return perr(ps, "isa '%s' unknown, expected avx2, avx512, avx512bf16, "
+                                "avx512fp16, amx or neon%s",
+                            w[i], "");
+            r->isa |= isas[k].bit;
+        }
+    } else if (strcmp(key, "dtype") == 0) {
+        for (int i = 0; i < n; i++) {
+            int t = 0;
+            while (t < SDPA_DTYPE_COUNT && strcmp(sdpa_dtype_name((sdpa_dtype)t), w[i]))
+                t++;
+            if (t == SDPA_DTYPE_COUNT)
+                return perr(ps, "dtype '%s' unknown, expected f32, f16 or bf16%s", w[i], "");
+            r->dtypes |= 1u << t;
+        }
+    } else if (strcmp(key, "causal") == 0) {
+        for (int i = 0; i < n; i++) {
+            int c = 0;
+            while (c <= SDPA_CAUSAL_BOTTOM_RIGHT && strcmp(sdpa_causal_name((sdpa_causal)c), w[i]))
+                c++;
+            if (c > SDPA_CAUSAL_BOTTOM_RIGHT)
+                return perr(ps, "causal '%s' unknown, expected none, top-left or bottom-right%s",
+                            w[i], "");
+            r->causal |= 1u << c;
+        }
+    } else if (strcmp(key, "lse") == 0 || strcmp(key, "deterministic") == 0 ||
+               strcmp(key, "same_seq") == 0 || strcmp(key, "same_heads") == 0) {
+        int *dst = key[0] == 'l' ? &r->lse
+                   : key[0] == 'd' ? &r->deterministic
+                   : key[5] == 's' ? &r->same_seq
+                                   : &r->same_heads;
+        if (n != 1 || !parse_yesno(w[0], dst))
+            return perr(ps, "'%s' for %s, expected yes or no", raw, key);
+    } else if (strcmp(key, "quant") == 0 || strcmp(key, "component") == 0) {
+        int is_quant = key[0] == 'q';
+        if (n > SDPA_RULE_LIST)
+            return perr(ps, "'%s' lists too many values (at most 8)%s", key, "");
+        for (int i = 0; i < n; i++) {
+            if (is_quant)
+                sdpa__strlcpy(r->quant[i], w[i], sizeof r->quant[i]);
+            else
+                sdpa__strlcpy(r->component[i], w[i], sizeof r->component[i]);
+        }
+        *(is_quant ? &r->n_quant : &r->n_component) = n;
+    } else if (strcmp(key, "try") == 0) {
+        for (int i = 0; i < n; i++) {
+            if (!ps->known(w[i], ps->user))
+                return perr(ps, "backend '%s' unknown (see `sdpa info` for the names)%s", w[i],
+                            "");
+            for (int j = 0; j < i; j++)
+                if (strcmp(r->try_names[j], w[i]) == 0)
+                    return perr(ps, "backend '%s' listed twice in try%s", w[i], "");
+            sdpa__strlcpy(r->try_names[i], w[i], sizeof r->try_names[i]);
+        }
+        r->n_try = n;
+        return SDPA_OK; /* not a condition */
+    } else {
+        static const char *dims[] = {"B", "Sq", "Skv", "Hq", "Hkv", "D"};
+        sdpa_range *dst[] = {&r->B, &r->Sq, &r->Skv, &r->Hq, &r->Hkv, &r->D};
+        int i = 0;
+        while (i < 6 && strcmp(dims[i], key))
+            i++;
+        if (i == 6)
+            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, dtype, causal, "
+                            "lse, deterministic, quant, component, B, Sq, Skv, Hq, Hkv, D, "
+                            "same_seq, same_heads, try or evidence)%s",
+                        key, "");
+        if (n != 1 || !parse_range(w[0], 0, dst[i]))
+            return perr(ps, "'%s' is not a range for %s, expected N, N-M, >=N or <=N", raw, key);
+    }
+    size_t len = strlen(r->conditions);
+    snprintf(r->conditions + len, sizeof r->conditions - len, "%s%s=%s", len ? " " : "", key,
+             raw);
+    return SDPA_OK;
+}
+
+static void rule_init(sdpa_rule *r, const char *name, const parser *ps)
+{
+    memset(r, 0, sizeof *r);
+    sdpa__strlcpy(r->name, name, sizeof r->name);
+    snprintf(r->origin, sizeof r->origin, "%s:%d", ps->origin, ps->line);
+    r->device = -1;
+    r->lse = r->deterministic = r->same_seq = r->same_heads = -1;
+    r->cc = r->cudnn = r->B = r->Sq = r->Skv = r->Hq = r->Hkv = r->D = any_range;
+}
+
+static sdpa_status rule_finish(const parser *ps, const sdpa_rule *r)
+{
+    if (r->n_try == 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s: rule '%s' has no 'try' line", r->origin,
+                          r->name);
+    if (!r->evidence[0])
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "%s: rule '%s' has no 'evidence' line (every rule says which "
+                          "measurement justifies it)",
+                          r->origin, r->name);
+    (void)ps;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_known_fn known,
+                               void *user, sdpa_policy **out)
+{
+    *out = NULL;
+    parser ps = {origin, 0, known, user};
+    sdpa_policy *pol = calloc(1, sizeof *pol);
+    if (!pol)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate rules", origin);
+    int cap = 0;
+    sdpa_status st = SDPA_OK;
+    const char *p = text;
+    while (*p && st == SDPA_OK) {
+        ps.line++;
+        const char *eol = strchr(p, '\n');
+        size_t len = eol ? (size_t)(eol - p) : strlen(p);
+        char line[1024];
+        if (len >= sizeof line) {
+            st = perr(&ps, "line longer than %s characters%s", "1023", "");
+            break;
+        }
+        memcpy(line, p, len);
+        line[len] = '\0';
+        p = eol ? eol + 1 : p + len;
+
+        char *s = line;
+        while (isspace((unsigned char)*s))
+            s++;
+        char *e = s + strlen(s);
+        while (e > s && isspace((unsigned char)e[-1]))
+            *--e = '\0';
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *key = s;
+        while (*s && !isspace((unsigned char)*s))
+            s++;
+        if (*s)
+            *s++ = '\0';
+        while (isspace((unsigned char)*s))
+            s++;
+
+        if (strcmp(key, "rule") == 0) {
+            if (pol->n > 0 && (st = rule_finish(&ps, &pol->rules[pol->n - 1])) != SDPA_OK)
+                break;
+            if (!*s || strpbrk(s, " \t")) {
+                st = perr(&ps, "'rule' needs one name without spaces, got '%s'%s", s, "");
+                break;
+            }
+            for (int i = 0; i < pol->n; i++)
+                if (strcmp(pol->rules[i].name, s) == 0) {
+                    st = perr(&ps, "rule '%s' already defined at %s", s, pol->rules[i].origin);
+                    break;
+                }
+            if (st != SDPA_OK)
+                break;
+            if (pol->n == cap) {
+                int ncap = cap ? cap * 2 : 16;
+                sdpa_rule *nr = realloc(pol->rules, sizeof *nr * (size_t)ncap);
+                if (!nr) {
+                    st = sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate rules", origin);
+                    break;
+                }
+                pol->rules = nr, cap = ncap;
+            }
+            rule_init(&pol->rules[pol->n++], s, &ps);
+            continue;
+        }
+        if (pol->n == 0) {
+            st = perr(&ps, "'%s' before the first 'rule NAME' line%s", key, "");
+            break;
+        }
+        st = set_key(&ps, &pol->rules[pol->n - 1], key, s);
+    }
+    if (st == SDPA_OK && pol->n > 0)
+        st = rule_finish(&ps, &pol->rules[pol->n - 1]);
+    if (st != SDPA_OK) {
+        sdpa__policy_free(pol);
+        return st;
+    }
+    *out = pol;
+    return SDPA_OK;
+}
+
+void sdpa__policy_free(sdpa_policy *pol)
+{
+    if (!pol)
+        return;
+    free(pol->rules);
+    free(pol);
+}
+
+static int in_list(const char (*list)[32], int n, const char *v)
+{
+    for (int i = 0; i < n; i++)
+        if (strcasecmp(list[i], v) == 0)
+            return 1;
+    return 0;
+}
+
+static int in_component_list(const sdpa_rule *r, const char *v)
+{
+    for (int i = 0; i < r->n_component; i++)
+        if (strcmp(r->component[i], v) == 0)
+            return 1;
+    return 0;
+}
+
+int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_call_desc *d)
+{
+    if (r->device >= 0 && r->device != (int)d->device)
+        return 0;
+    if (!is_any(r->cc) || !is_any(r->cudnn)) {
+        if (d->device != SDPA_DEVICE_CUDA || !p->cuda_present)
+            return 0;
+        if (!in_range(r->cc, p->cc_major * 10 + p->cc_minor) ||
+            !in_range(r->cudnn, p->cudnn_version))
+            return 0;
+    }
+    if (r->isa && (d->device != SDPA_DEVICE_CPU || (p->cpu_features & r->isa) != r->isa))
+        return 0;
+    if (r->dtypes && !(r->dtypes & (1u << d->dtype)))
+        return 0;
+    if (r->causal && !(r->causal & (1u << d->causal)))
+        return 0;
+    if (r->lse >= 0 && r->lse != (d->want_lse != 0))
+        return 0;
+    if (r->deterministic >= 0 && r->deterministic != (d->deterministic != 0))
+        return 0;
+    if (r->same_seq >= 0 && r->same_seq != (d->Sq == d->Skv))
+        return 0;
+    if (r->same_heads >= 0 && r->same_heads != (d->Hq == d->Hkv))
+        return 0;
+    if (r->n_quant && !in_list(r->quant, r->n_quant, d->quant && *d->quant ? d->quant : "none"))
+        return 0;
+    if (r->n_component &&
+        !in_component_list(r, d->component && *d->component ? d->component : "none"))
+        return 0;
+    return in_range(r->B, d->B) && in_range(r->Sq, d->Sq) && in_range(r->Skv, d->Skv) &&
+           in_range(r->Hq, d->Hq) && in_range(r->Hkv, d->Hkv) && in_range(r->D, d->D);
+}

@@ -1,0 +1,60 @@
+/*
+ * policy.h - policy rules: data that says which backends to try for which
+ * calls, each with the evidence that justifies it. Format: see
+ * src/dispatch/default.rules and the README.
+ */
+#ifndef SDPA_POLICY_H
+#define SDPA_POLICY_H
+
+#include "../core/core.h"
+
+typedef struct sdpa_range {
+    int64_t lo, hi; /* inclusive; [INT64_MIN, INT64_MAX] matches anything */
+} sdpa_range;
+
+#define SDPA_RULE_LIST 8
+
+typedef struct sdpa_rule {
+    char name[64];
+    char origin[192];     /* "file:line" of the rule line */
+    char evidence[512];
+    char conditions[384]; /* the conditions as written, for explain */
+    int device;           /* -1: any */
+    sdpa_range cc;        /* compute capability * 10 */
+    sdpa_range cudnn;
+    unsigned isa;         /* SDPA_CPU_* all required; 0: any */
+    unsigned dtypes;      /* bit per dtype; 0: any */
+    unsigned causal;      /* bit per sdpa_causal; 0: any */
+    int lse, deterministic, same_seq, same_heads; /* -1 any, 0 no, 1 yes */
+    int n_quant, n_component;
+    char quant[SDPA_RULE_LIST][32];
+    char component[SDPA_RULE_LIST][48];
+    sdpa_range B, Sq, Skv, Hq, Hkv, D;
+    int n_try;
+    char try_names[SDPA_MAX_CANDIDATES][32];
+} sdpa_rule;
+
+typedef struct sdpa_policy {
+    int n;
+    sdpa_rule *rules;
+} sdpa_policy;
+
+/* Is `name` a backend this policy may name? */
+typedef int (*sdpa_name_known_fn)(const char *name, void *user);
+
+/*
+ * Parses rule text. `origin` names the source in messages ("policy.rules").
+ * Errors: INVALID_ARGUMENT "origin:line: problem". Backend names are checked
+ * with `known`.
+ */
+sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_known_fn known,
+                               void *user, sdpa_policy **out);
+void sdpa__policy_free(sdpa_policy *pol);
+
+/* Does rule r match this call on platform p? */
+int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_call_desc *d);
+
+/* The built-in rules (default.rules, compiled in). */
+extern const char sdpa__default_rules_text[];
+
+#endif

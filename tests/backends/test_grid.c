@@ -1,0 +1,241 @@
+/*
+ * test_grid.c - every present backend against the float64 reference.
+ *
+ * Fresh random inputs each run (seed printed), odd sizes (S = 1, 17, 129,
+ * 2053), every head dim in {32, 64, 72, 80, 96, 128, 256} the backend
+ * claims, grouped-query and multi-query, cross-attention (77 and 512-ish
+ * text tokens), causal in both alignments (including rows that see no key),
+ * BSHD, BHSD and a strided view with gaps, f32/f16/bf16 inputs and
+ * outputs, LSE; guard bytes after every output and untouched gaps between
+ * strided rows. A backend refusing a case it does not claim is a skip with
+ * its reason, never a pass.
+ *
+ * usage: test_grid [backend ...]   (default: every present backend but ref)
+ */
+#include "support/testlib.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static sdpa_context *ctx1, *ctx2; /* 1 and 2 threads */
+
+static void describe(const tl_case *c, char *buf, size_t n)
+{
+    snprintf(buf, n, "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s out=%s causal=%s %s%s",
+             (long long)c->B, (long long)c->Sq, (long long)c->Skv, (long long)c->Hq,
+             (long long)c->Hkv, (long long)c->D, sdpa_dtype_name(c->dtype),
+             sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal), tl_layout_name(c->layout),
+             c->want_lse ? " lse" : "");
+}
+
+static int run(sdpa_context *ctx, const char *backend, const tl_problem *p, tl_output *o)
+{
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = backend;
+    prm.causal = p->c.causal;
+    return sdpa_forward(ctx, &p->q, &p->k, &p->v, &o->t, o->lse, &prm);
+}
+
+/* One case: backend vs ref, then determinism across thread counts. */
+static void check_case(const char *backend, const tl_case *c)
+{
+    char what[256], why[128];
+    describe(c, what, sizeof what);
+    tl_problem p;
+    tl_output got, want;
+    tl_case rc = *c;
+    rc.out_dtype = SDPA_F32;
+    rc.want_lse = 1;
+    if (!tl_problem_make(&p, c) || !tl_output_make(&got, &p)) {
+        CHECK(0, "%s: out of memory", what);
+        return;
+    }
+    tl_problem pr = p; /* the reference reads the same inputs */
+    pr.c = rc;
+    if (!tl_output_make(&want, &pr)) {
+        CHECK(0, "%s: out of memory", what);
+        return;
+    }
+    sdpa_status st = run(ctx2, backend, &p, &got);
+    if (st == SDPA_UNSUPPORTED) {
+        char buf[400];
+        snprintf(buf, sizeof buf, "%s %s", backend, what);
+        tl_skip(buf, sdpa_last_error());
+    } else {
+        CHECK(st == SDPA_OK, "%s %s: %s: %s", backend, what, sdpa_status_string(st),
+              sdpa_last_error());
+        sdpa_status sr = run(ctx2, "ref", &pr, &want);
+        CHECK(sr == SDPA_OK, "ref %s: %s", what, sdpa_last_error());
+        if (st == SDPA_OK && sr == SDPA_OK) {
+            int64_t at = -1;
+            double diff = tl_max_diff(&got, &want, &at);
+            double tol = tl_tolerance(c->dtype, c->out_dtype);
+            CHECK(diff <= tol, "%s %s: max |out - ref| = %.3g > %.3g at element %lld", backend,
+                  what, diff, tol, (long long)at);
+            if (c->want_lse) {
+                double ld = tl_max_lse_diff(&got, &want, c->B, c->Hq, c->Sq);
+                CHECK(ld <= 2e-5 * (1 + sqrt((double)c->Skv)), "%s %s: max |lse - ref| = %.3g",
+                      backend, what, ld);
+            }
+            CHECK(tl_output_check(&got, why, sizeof why), "%s %s: %s", backend, what, why);
+            /* Deterministic backends: bitwise equal with 1 thread and 2. */
+            tl_output again;
+            if (tl_output_make(&again, &p) && run(ctx1, backend, &p, &again) == SDPA_OK)
+                CHECK(memcmp(again.mem, got.mem, got.bytes) == 0, "%s %s: 1 thread != 2 threads",
+                      backend, what);
+            tl_output_free(&again);
+        }
+    }
+    tl_output_free(&got);
+    tl_output_free(&want);
+    tl_problem_free(&p);
+}
+
+static tl_case mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D)
+{
+    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+    return c;
+}
+
+static void grid(const char *backend)
+{
+    printf("== %s\n", backend);
+    static const int64_t dims[] = {32, 64, 72, 80, 96, 128, 256};
+    tl_case c;
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) { /* every head dim */
+        c = mk(1, 129, 129, 2, 2, dims[i]);
+        check_case(backend, &c);
+        c.causal = SDPA_CAUSAL_TOP_LEFT, c.layout = TL_BHSD, c.dtype = SDPA_BF16;
+        check_case(backend, &c);
+    }
+    static const int64_t seqs[] = {1, 17, 129};
+    for (size_t i = 0; i < 3; i++) /* odd sequence lengths */
+        for (int causal = 0; causal <= 2; causal++) {
+            c = mk(2, seqs[i], seqs[i], 3, 3, 64);
+            c.causal = (sdpa_causal)causal;
+            check_case(backend, &c);
+        }
+    c = mk(1, 2053, 2053, 1, 1, 64); /* a few thousand, not a tile multiple */
+    check_case(backend, &c);
+    c.causal = SDPA_CAUSAL_BOTTOM_RIGHT, c.Sq = 1000, c.layout = TL_STRIDED;
+    check_case(backend, &c);
+    /* cross-attention: text tokens, both alignments, rows that see nothing */
+    const int64_t cross[][2] = {{300, 77}, {17, 129}, {129, 17}, {65, 513}};
+    for (size_t i = 0; i < 4; i++)
+        for (int causal = 0; causal <= 2; causal++) {
+            c = mk(2, cross[i][0], cross[i][1], 2, 2, 64);
+            c.causal = (sdpa_causal)causal;
+            c.layout = (tl_layout)(i % 3);
+            check_case(backend, &c);
+        }
+    /* grouped-query and multi-query */
+    c = mk(1, 130, 130, 8, 2, 128);
+    check_case(backend, &c);
+    c = mk(2, 33, 70, 4, 1, 80);
+    c.causal = SDPA_CAUSAL_BOTTOM_RIGHT, c.layout = TL_STRIDED;
+    check_case(backend, &c);
+    /* layouts and dtypes */
+    for (int layout = 0; layout < 3; layout++)
+        for (int in = 0; in < SDPA_DTYPE_COUNT; in++)
+            for (int out = 0; out < SDPA_DTYPE_COUNT; out++) {
+                c = mk(2, 45, 67, 4, 2, 96);
+                c.layout = (tl_layout)layout, c.dtype = (sdpa_dtype)in;
+                c.out_dtype = (sdpa_dtype)out, c.want_lse = (layout + in + out) % 2;
+                c.causal = (sdpa_causal)((in + out) % 3);
+                check_case(backend, &c);
+            }
+    c = mk(1, 1, 1, 1, 1, 32); /* one token */
+    check_case(backend, &c);
+}
+
+/* The checker itself must catch a wrong answer and a clobbered guard. */
+static void self_test(void)
+{
+    tl_case c = mk(1, 17, 17, 2, 1, 32);
+    tl_problem p;
+    tl_output a, b;
+    char why[128];
+    tl_problem_make(&p, &c);
+    tl_output_make(&a, &p);
+    tl_output_make(&b, &p);
+    run(ctx2, "ref", &p, &a);
+    run(ctx2, "ref", &p, &b);
+    CHECK(tl_max_diff(&a, &b, NULL) == 0.0, "ref is not repeatable");
+    ((float *)b.t.data)[5] += 3 * (float)tl_tolerance(SDPA_F32, SDPA_F32);
+    CHECK(tl_max_diff(&a, &b, NULL) > tl_tolerance(SDPA_F32, SDPA_F32),
+          "checker missed a perturbed output");
+    ((unsigned char *)a.mem)[a.bytes] ^= 1;
+    CHECK(!tl_output_check(&a, why, sizeof why), "checker missed a clobbered guard byte");
+    tl_output_free(&a), tl_output_free(&b), tl_problem_free(&p);
+
+    /* The reference against closed forms: one key gives v exactly and
+     * LSE = scale q.k; two keys give a two-term softmax. */
+    c = mk(1, 3, 1, 1, 1, 5);
+    tl_problem_make(&p, &c);
+    tl_output_make(&a, &p);
+    CHECK_STATUS(run(ctx2, "ref", &p, &a), SDPA_OK);
+    double worst = 0;
+    for (int i = 0; i < 3; i++) {
+        double dot = 0;
+        for (int d = 0; d < 5; d++) {
+            worst = fmax(worst, fabs(tl_out_get(&a.t, 0, i, 0, d) - tl_out_get(&p.v, 0, 0, 0, d)));
+            dot += (double)tl_out_get(&p.q, 0, i, 0, d) * tl_out_get(&p.k, 0, 0, 0, d);
+        }
+        worst = fmax(worst, fabs(a.lse[i] - dot / sqrt(5.0)));
+    }
+    CHECK(worst < 1e-6, "ref with one key: off by %g", worst);
+    tl_output_free(&a), tl_problem_free(&p);
+
+    c = mk(1, 1, 2, 1, 1, 4);
+    tl_problem_make(&p, &c);
+    tl_output_make(&a, &p);
+    CHECK_STATUS(run(ctx2, "ref", &p, &a), SDPA_OK);
+    double s[2];
+    for (int j = 0; j < 2; j++) {
+        s[j] = 0;
+        for (int d = 0; d < 4; d++)
+            s[j] += (double)tl_out_get(&p.q, 0, 0, 0, d) * tl_out_get(&p.k, 0, j, 0, d) / 2.0;
+    }
+    double w0 = 1 / (1 + exp(s[1] - s[0]));
+    worst = 0;
+    for (int d = 0; d < 4; d++)
+        worst = fmax(worst, fabs(tl_out_get(&a.t, 0, 0, 0, d) -
+                                 (w0 * tl_out_get(&p.v, 0, 0, 0, d) +
+                                  (1 - w0) * tl_out_get(&p.v, 0, 1, 0, d))));
+    CHECK(worst < 1e-6, "ref with two keys: off by %g", worst);
+    tl_output_free(&a), tl_problem_free(&p);
+}
+
+int main(int argc, char **argv)
+{
+    tl_seed_from_env();
+    ctx2 = tl_context(NULL);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = 1;
+    o.ignore_env = 1;
+    if (!ctx2 || sdpa_context_create(&o, &ctx1) != SDPA_OK) {
+        printf("cannot create contexts: %s\n", sdpa_last_error());
+        return 1;
+    }
+    self_test();
+    if (argc > 1) {
+        for (int i = 1; i < argc; i++)
+            grid(argv[i]);
+    } else {
+        for (int i = 0; i < sdpa_backend_count(ctx2); i++) {
+            sdpa_backend_info b;
+            sdpa_backend_get(ctx2, i, &b);
+            if (strcmp(b.name, "ref") == 0)
+                continue;
+            if (!b.present) {
+                tl_skip(b.name, b.why_absent);
+                continue;
+            }
+            grid(b.name);
+        }
+    }
+    sdpa_context_destroy(ctx1);
+    sdpa_context_destroy(ctx2);
+    return tl_finish();
+}

@@ -1,0 +1,137 @@
+/*
+ * test_validate.c - bad input: every case returns INVALID_ARGUMENT with a
+ * message naming the argument, nothing crashes, nothing is written.
+ */
+#include "support/testlib.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { B = 2, S = 9, H = 4, D = 16 };
+static float qm[B * S * H * D], km[B * S * H * D], vm[B * S * H * D], om[B * S * H * D + 64];
+static float lsem[B * H * S + 16];
+static sdpa_context *ctx;
+
+typedef struct call {
+    sdpa_tensor q, k, v, o;
+    float *lse;
+    sdpa_params p;
+} call;
+
+static call good(void)
+{
+    call c;
+    c.q = sdpa_tensor_bshd(qm, SDPA_F32, B, S, H, D);
+    c.k = sdpa_tensor_bshd(km, SDPA_F32, B, S, H, D);
+    c.v = sdpa_tensor_bshd(vm, SDPA_F32, B, S, H, D);
+    c.o = sdpa_tensor_bshd(om, SDPA_F32, B, S, H, D);
+    c.lse = lsem;
+    sdpa_params p = SDPA_PARAMS_DEFAULT;
+    c.p = p;
+    return c;
+}
+
+static void expect_invalid(const char *what, call c, const char *needle, int null_q)
+{
+    memset(om, 0x5A, sizeof om);
+    memset(lsem, 0x5A, sizeof lsem);
+    sdpa_status st = sdpa_forward(ctx, null_q ? NULL : &c.q, &c.k, &c.v, &c.o, c.lse, &c.p);
+    CHECK(st == SDPA_INVALID_ARGUMENT, "%s: status %s", what, sdpa_status_string(st));
+    CHECK(strstr(sdpa_last_error(), needle) != NULL, "%s: message '%s' lacks '%s'", what,
+          sdpa_last_error(), needle);
+    int untouched = 1;
+    for (size_t i = 0; i < sizeof om; i++)
+        untouched &= ((unsigned char *)om)[i] == 0x5A;
+    for (size_t i = 0; i < sizeof lsem; i++)
+        untouched &= ((unsigned char *)lsem)[i] == 0x5A;
+    CHECK(untouched, "%s: output written despite the error", what);
+    /* The same through a layer. */
+    sdpa_layer *layer;
+    sdpa_layer_create(ctx, NULL, &layer);
+    st = sdpa_layer_forward(layer, null_q ? NULL : &c.q, &c.k, &c.v, &c.o, c.lse, &c.p);
+    CHECK(st == SDPA_INVALID_ARGUMENT, "%s (layer): status %s", what, sdpa_status_string(st));
+    sdpa_layer_destroy(layer);
+}
+
+int main(void)
+{
+    tl_seed_from_env();
+    ctx = tl_context(NULL);
+    for (size_t i = 0; i < sizeof qm / sizeof *qm; i++)
+        qm[i] = (float)tl_uniform(), km[i] = (float)tl_uniform(), vm[i] = (float)tl_uniform();
+
+    call c = good();
+    CHECK_STATUS(sdpa_forward(ctx, &c.q, &c.k, &c.v, &c.o, c.lse, &c.p), SDPA_OK);
+
+    expect_invalid("NULL q", good(), "q is NULL", 1);
+    c = good(), c.k.data = NULL;
+    expect_invalid("NULL k data", c, "k->data is NULL", 0);
+    c = good(), c.v.size[3] = 0;
+    expect_invalid("zero size", c, "v->size[3] (D) is 0", 0);
+    c = good(), c.q.size[1] = -5;
+    expect_invalid("negative size", c, "q->size[1] (S) is -5", 0);
+    c = good(), c.k.stride[1] = -1;
+    expect_invalid("negative stride", c, "k->stride[1] (S) is -1", 0);
+    c = good(), c.q.size[2] = 3, c.o.size[2] = 3, c.k.size[2] = 2, c.v.size[2] = 2;
+    expect_invalid("Hq % Hkv", c, "Hq % Hkv must be 0", 0);
+    c = good(), c.k.size[0] = 1, c.v.size[0] = 1;
+    expect_invalid("mismatched B", c, "k->size[0] (B) is 1, expected 2", 0);
+    c = good(), c.v.size[3] = 8;
+    expect_invalid("mismatched D", c, "v->size[3] (D) is 8, expected 16", 0);
+    c = good(), c.v.size[1] = 8;
+    expect_invalid("mismatched Skv", c, "v->size[1] (Skv) is 8", 0);
+    c = good(), c.o.size[1] = 8;
+    expect_invalid("mismatched out", c, "out sizes", 0);
+    c = good(), c.q.dtype = (sdpa_dtype)7;
+    expect_invalid("unknown dtype", c, "q->dtype is 7", 0);
+    c = good(), c.k.dtype = SDPA_F16;
+    expect_invalid("mixed input dtypes", c, "k->dtype is f16, expected q's dtype f32", 0);
+    c = good(), c.o.data = qm;
+    expect_invalid("out overlaps q", c, "out overlaps q", 0);
+    c = good(), c.o.data = vm + 100;
+    expect_invalid("out overlaps v partly", c, "out overlaps", 0);
+    c = good(), c.lse = (float *)km;
+    expect_invalid("lse overlaps k", c, "lse overlaps k", 0);
+    c = good(), c.lse = om + 3;
+    expect_invalid("lse overlaps out", c, "lse overlaps out", 0);
+    c = good(), c.o.stride[2] = 1; /* heads on top of each other */
+    expect_invalid("self-overlapping out", c, "overlap", 0);
+    c = good(), c.q.size[0] = INT64_MAX / 2, c.o.size[0] = INT64_MAX / 2;
+    c.k.size[0] = c.v.size[0] = INT64_MAX / 2;
+    expect_invalid("byte count overflow", c, "overflow", 0);
+    c = good(), c.q.stride[0] = INT64_MAX / 3;
+    expect_invalid("stride overflow", c, "overflow", 0);
+    c = good(), c.p.scale = NAN;
+    expect_invalid("NaN scale", c, "params->scale", 0);
+    c = good(), c.p.causal = (sdpa_causal)9;
+    expect_invalid("bad causal", c, "params->causal is 9", 0);
+    c = good(), c.q.device.kind = SDPA_DEVICE_CUDA;
+    expect_invalid("mixed devices", c, "device", 0);
+    c = good(), c.p.backend = "cpu.quantum";
+    expect_invalid("unknown backend", c, "backend 'cpu.quantum'", 0);
+    c = good(), c.o.data = (char *)om + 1;
+    expect_invalid("misaligned out", c, "aligned", 0);
+
+    CHECK_STATUS(sdpa_forward(NULL, &c.q, &c.k, &c.v, &c.o, NULL, NULL), SDPA_INVALID_ARGUMENT);
+    CHECK_STATUS(sdpa_layer_forward(NULL, &c.q, &c.k, &c.v, &c.o, NULL, NULL),
+                 SDPA_INVALID_ARGUMENT);
+    CHECK_STATUS(sdpa_context_create(NULL, NULL), SDPA_INVALID_ARGUMENT);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = -1;
+    sdpa_context *bad;
+    CHECK_STATUS(sdpa_context_create(&o, &bad), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "threads") != NULL, "%s", sdpa_last_error());
+    sdpa_context_destroy(NULL); /* harmless */
+    sdpa_layer_destroy(NULL);
+    CHECK(strcmp(sdpa_status_string(SDPA_OUT_OF_MEMORY), "out of memory") == 0, "status string");
+
+    sdpa_call_desc d;
+    memset(&d, 0, sizeof d);
+    sdpa_decision dec;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "desc->B is 0") != NULL, "%s", sdpa_last_error());
+    sdpa_context_destroy(ctx);
+    return tl_finish();
+}

@@ -1,0 +1,583 @@
+/*
+ * test_dispatch.c - the dispatcher's selection semantics.
+ *
+ * Each precedence level and the one above it; explicit-but-unsupported;
+ * the scoped override stack (nesting, per thread, captured by layers);
+ * component overrides; the default CUDA rules on simulated sm_100, sm_90,
+ * sm_120 and cuDNN 9.10; NVFP4 and its explicit-choice exception; LSE
+ * forcing; the latch (one warning, correct result in the same call);
+ * OUT_OF_MEMORY / DEVICE_ERROR pass-through; concurrent calls on a layer.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "support/scripted.h"
+#include "support/testlib.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static sdpa_call_desc cuda_call(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D)
+{
+    sdpa_call_desc d;
+    memset(&d, 0, sizeof d);
+    d.device = SDPA_DEVICE_CUDA, d.dtype = SDPA_BF16;
+    d.B = B, d.Sq = d.Skv = S, d.Hq = Hq, d.Hkv = Hkv, d.D = D;
+    return d;
+}
+
+static sdpa_call_desc cpu_call(void)
+{
+    sdpa_call_desc d;
+    memset(&d, 0, sizeof d);
+    d.device = SDPA_DEVICE_CPU, d.dtype = SDPA_F32;
+    d.B = 1, d.Sq = 40, d.Skv = 33, d.Hq = 4, d.Hkv = 2, d.D = 32;
+    return d;
+}
+
+static const char *reason_of(const sdpa_decision *dec, const char *name)
+{
+    for (int i = 0; i < dec->n_backends; i++)
+        if (strcmp(dec->backends[i].name, name) == 0)
+            return dec->backends[i].reason;
+    return "(no such backend)";
+}
+
+static sdpa_decision dec;
+
+static int decide(sdpa_context *ctx, const sdpa_call_desc *d)
+{
+    sdpa_status st = sdpa_decide(ctx, d, &dec);
+    CHECK_STATUS(st, SDPA_OK);
+    return st == SDPA_OK;
+}
+
+#define FIRST(name)                                                                                \
+    CHECK(dec.n_candidates > 0 && strcmp(dec.candidates[0], name) == 0,                            \
+          "first candidate %s, expected %s (rule '%s')",                                           \
+          dec.n_candidates ? dec.candidates[0] : "(none)", name, dec.rule)
+
+/* ---- the default CUDA rules on simulated platforms */
+
+static void test_cuda_rules(void)
+{
+    sdpa_context *ctx = tl_context("cuda:sm_100,cudnn=91900");
+    sdpa_call_desc d = cuda_call(1, 8190, 24, 24, 128);
+    decide(ctx, &d);
+    FIRST("cuda.cudnn");
+    CHECK(strcmp(dec.rule, "blackwell-cudnn") == 0, "rule %s", dec.rule);
+    CHECK(dec.n_candidates == 3 && strcmp(dec.candidates[2], "cuda.unfused") == 0,
+          "cuda.unfused last");
+    CHECK(dec.evidence[0] != '\0', "rule carries evidence");
+    CHECK(!dec.backends[2].present, "cuda backends are not present on this machine");
+
+    d.causal = SDPA_CAUSAL_TOP_LEFT;
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    CHECK(strstr(reason_of(&dec, "cuda.cudnn"), "causal-flash") != NULL, "reason: %s",
+          reason_of(&dec, "cuda.cudnn"));
+    d.causal = SDPA_CAUSAL_NONE;
+
+    d.quant = "nvfp4"; /* NVFP4 on 10.x: flash, unless chosen explicitly */
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    CHECK(strcmp(dec.rule, "nvfp4-blackwell-flash") == 0, "rule %s", dec.rule);
+    d.backend = "cuda.cudnn";
+    decide(ctx, &d);
+    FIRST("cuda.cudnn");
+    CHECK(dec.source == SDPA_SOURCE_EXPLICIT && dec.n_candidates == 1, "explicit wins over NVFP4");
+    d.backend = NULL, d.quant = NULL;
+
+    d.Hkv = 2; /* grouped-query never to cuDNN by default */
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    CHECK(strstr(reason_of(&dec, "cuda.cudnn"), "gqa-not-cudnn") != NULL, "reason: %s",
+          reason_of(&dec, "cuda.cudnn"));
+    d.Hkv = 24;
+
+    d.dtype = SDPA_F32; /* only the unfused path does fp32 */
+    decide(ctx, &d);
+    FIRST("cuda.unfused");
+    CHECK(strstr(reason_of(&dec, "cuda.flash"), "dtype f32") != NULL, "reason: %s",
+          reason_of(&dec, "cuda.flash"));
+    d.dtype = SDPA_BF16;
+
+    d.want_lse = 1; /* every CUDA backend declares LSE: order unchanged */
+    decide(ctx, &d);
+    FIRST("cuda.cudnn");
+    sdpa_context_destroy(ctx);
+
+    ctx = tl_context("cuda:sm_120"); /* 12.x untouched by the 10.x rule */
+    d = cuda_call(1, 8190, 24, 24, 128);
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    CHECK(strcmp(dec.rule, "cuda-default") == 0, "rule %s", dec.rule);
+    sdpa_context_destroy(ctx);
+
+    ctx = tl_context("cuda:sm_100,cudnn=91001"); /* known-bad cuDNN refused */
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    CHECK(strcmp(dec.rule, "cudnn-9.10-refused") == 0, "rule %s", dec.rule);
+    d.backend = "cuda.cudnn";
+    decide(ctx, &d);
+    CHECK(dec.status == SDPA_UNSUPPORTED && strstr(dec.error, "known-bad"),
+          "explicit cuDNN 9.10.1: %s", dec.error);
+    sdpa_context_destroy(ctx);
+
+    ctx = tl_context("cuda:sm_90"); /* Hopper: cuDNN only on its narrow shape */
+    d = cuda_call(4, 1024, 16, 16, 64);
+    decide(ctx, &d);
+    FIRST("cuda.cudnn");
+    d.B = 2;
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    d.B = 4, d.D = 128;
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    d.D = 64, d.Skv = 2048;
+    decide(ctx, &d);
+    FIRST("cuda.flash");
+    sdpa_context_destroy(ctx);
+
+    ctx = tl_context("cuda:sm_61"); /* below every CUDA backend's minimum */
+    d = cuda_call(1, 128, 8, 8, 64);
+    decide(ctx, &d);
+    CHECK(dec.status == SDPA_UNSUPPORTED && dec.n_candidates == 0, "sm_61 has no backend");
+    CHECK(strstr(reason_of(&dec, "cuda.flash"), "compute capability") != NULL, "reason: %s",
+          reason_of(&dec, "cuda.flash"));
+    sdpa_context_destroy(ctx);
+
+    ctx = tl_context("cpu"); /* a CUDA call on a CPU platform: no device */
+    decide(ctx, &d);
+    CHECK(dec.status == SDPA_UNSUPPORTED, "cuda call without a device");
+    sdpa_context_destroy(ctx);
+}
+
+/* ---- precedence, with scripted backends on the CPU */
+
+static scripted sa, sb, sc;
+
+static sdpa_context *cpu_ctx_with_scripts(void)
+{
+    sdpa_context *ctx = tl_context(NULL);
+    memset(&sa, 0, sizeof sa), memset(&sb, 0, sizeof sb), memset(&sc, 0, sizeof sc);
+    scripted_add(ctx, "test.a", &sa);
+    scripted_add(ctx, "test.b", &sb);
+    scripted_add(ctx, "test.c", &sc);
+    return ctx;
+}
+
+typedef struct thread_arg {
+    sdpa_context *ctx;
+    const char *seen;
+    sdpa_source source;
+} thread_arg;
+
+static void *other_thread(void *raw)
+{
+    thread_arg *a = raw;
+    sdpa_call_desc d = cpu_call();
+    sdpa_decision *local = malloc(sizeof *local);
+    sdpa_decide(a->ctx, &d, local);
+    a->seen = local->n_candidates ? local->candidates[0] : "(none)";
+    a->source = local->source;
+    free(local);
+    return NULL;
+}
+
+static void test_precedence(void)
+{
+    setenv("SDPA_BACKEND", "ref", 1);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = 2;
+    sdpa_context *ctx;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_OK);
+    unsetenv("SDPA_BACKEND");
+    memset(&sa, 0, sizeof sa), memset(&sb, 0, sizeof sb), memset(&sc, 0, sizeof sc);
+    scripted_add(ctx, "test.a", &sa);
+    scripted_add(ctx, "test.b", &sb);
+    scripted_add(ctx, "test.c", &sc);
+    CHECK_STATUS(sdpa_context_load_policy_text(ctx,
+                                               "rule t\ndevice cpu\ntry test.c cpu.portable\n"
+                                               "evidence test\n",
+                                               "t.rules"),
+                 SDPA_OK);
+    sdpa_call_desc d = cpu_call();
+    d.component = "text_encoder";
+
+    decide(ctx, &d); /* 4: environment beats rules */
+    FIRST("ref");
+    CHECK(dec.source == SDPA_SOURCE_ENVIRONMENT, "source %s", sdpa_source_name(dec.source));
+
+    sdpa_context_set_component_backend(ctx, "text_encoder", "test.b"); /* 3 beats 4 */
+    decide(ctx, &d);
+    FIRST("test.b");
+    CHECK(dec.source == SDPA_SOURCE_COMPONENT, "source %s", sdpa_source_name(dec.source));
+    d.component = "transformer"; /* other components unaffected */
+    decide(ctx, &d);
+    FIRST("ref");
+    d.component = "text_encoder";
+
+    sdpa_override_push("test.a"); /* 2 beats 3 */
+    decide(ctx, &d);
+    FIRST("test.a");
+    CHECK(dec.source == SDPA_SOURCE_SCOPED, "source %s", sdpa_source_name(dec.source));
+
+    thread_arg ta = {ctx, NULL, 0}; /* another thread does not see this thread's push */
+    pthread_t th;
+    pthread_create(&th, NULL, other_thread, &ta);
+    pthread_join(th, NULL);
+    CHECK(strcmp(ta.seen, "ref") == 0 && ta.source == SDPA_SOURCE_ENVIRONMENT,
+          "other thread saw %s", ta.seen);
+
+    sdpa_override_push("test.c"); /* nesting: innermost wins */
+    decide(ctx, &d);
+    FIRST("test.c");
+    d.backend = "test.b"; /* 1 beats 2 */
+    decide(ctx, &d);
+    FIRST("test.b");
+    CHECK(dec.source == SDPA_SOURCE_EXPLICIT, "source %s", sdpa_source_name(dec.source));
+    d.backend = NULL;
+    CHECK_STATUS(sdpa_override_pop(), SDPA_OK);
+    decide(ctx, &d);
+    FIRST("test.a");
+    CHECK_STATUS(sdpa_override_pop(), SDPA_OK);
+    CHECK(sdpa_override_current() == NULL, "stack empty");
+    CHECK_STATUS(sdpa_override_pop(), SDPA_INVALID_ARGUMENT);
+
+    sdpa_override_push("no.such.backend"); /* names are checked when used */
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "no.such.backend") != NULL, "message: %s", sdpa_last_error());
+    sdpa_override_pop();
+    for (int i = 0; i < 16; i++)
+        sdpa_override_push("test.a");
+    CHECK_STATUS(sdpa_override_push("test.a"), SDPA_INVALID_ARGUMENT); /* depth bound */
+    for (int i = 0; i < 16; i++)
+        sdpa_override_pop();
+
+    sdpa_context_set_component_backend(ctx, "text_encoder", NULL); /* removed: env again */
+    decide(ctx, &d);
+    FIRST("ref");
+    CHECK_STATUS(sdpa_context_set_component_backend(ctx, "x", "nope"), SDPA_INVALID_ARGUMENT);
+    sdpa_context_destroy(ctx);
+
+    ctx = cpu_ctx_with_scripts(); /* 5: rules, then 6: the fallback chain */
+    d = cpu_call();
+    decide(ctx, &d);
+    FIRST("cpu.portable");
+    CHECK(dec.source == SDPA_SOURCE_RULE && strcmp(dec.rule, "cpu-default") == 0, "rule %s",
+          dec.rule);
+    CHECK(strstr(reason_of(&dec, "test.a"), "passed over by rule") != NULL, "reason %s",
+          reason_of(&dec, "test.a"));
+    sdpa_context_load_policy_text(ctx, "rule only-a\ntry test.a\nevidence test\n", "u.rules");
+    decide(ctx, &d);
+    FIRST("test.a");
+    sa.refuse = "scripted: refuses everything";
+    decide(ctx, &d); /* rule leaves nothing: fallback chain, best first */
+    CHECK(dec.source == SDPA_SOURCE_FALLBACK, "source %s", sdpa_source_name(dec.source));
+    FIRST("cpu.portable");
+    CHECK(dec.n_candidates == 2 && strcmp(dec.candidates[1], "ref") == 0, "ref last");
+    sa.refuse = NULL;
+    sdpa_context_destroy(ctx);
+
+    /* SDPA_BACKEND with an unknown name fails context creation. */
+    setenv("SDPA_BACKEND", "cpu.nonexistent", 1);
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "SDPA_BACKEND") != NULL, "message: %s", sdpa_last_error());
+    unsetenv("SDPA_BACKEND");
+    setenv("SDPA_LOG", "loud", 1);
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_INVALID_ARGUMENT);
+    unsetenv("SDPA_LOG");
+}
+
+/* ---- running: explicit refusal, latch, pass-through */
+
+typedef struct run_setup {
+    tl_problem p;
+    tl_output out, ref;
+} run_setup;
+
+static void setup(run_setup *r, sdpa_context *ctx, int lse)
+{
+    tl_case c = {1, 70, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, lse};
+    tl_problem_make(&r->p, &c);
+    tl_output_make(&r->out, &r->p);
+    tl_output_make(&r->ref, &r->p);
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = "ref";
+    sdpa_forward(ctx, &r->p.q, &r->p.k, &r->p.v, &r->ref.t, r->ref.lse, &prm);
+}
+
+static void teardown(run_setup *r)
+{
+    tl_output_free(&r->out);
+    tl_output_free(&r->ref);
+    tl_problem_free(&r->p);
+}
+
+static int correct(const run_setup *r) { return tl_max_diff(&r->out, &r->ref, NULL) < 1e-6; }
+
+static void test_explicit_refusal(void)
+{
+    sdpa_context *ctx = cpu_ctx_with_scripts();
+    run_setup r;
+    setup(&r, ctx, 0);
+    sa.refuse = "test.a: head_dim 32 not supported (scripted)";
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = "test.a";
+    memset(r.out.mem, 0x5A, r.out.bytes);
+    sdpa_status st = sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, NULL, &prm);
+    CHECK_STATUS(st, SDPA_UNSUPPORTED);
+    CHECK(strstr(sdpa_last_error(), "head_dim 32 not supported (scripted)") != NULL,
+          "message carries the backend's reason: %s", sdpa_last_error());
+    CHECK(atomic_load(&sa.runs) == 0 && atomic_load(&sb.runs) == 0, "nothing ran");
+    CHECK(((unsigned char *)r.out.mem)[0] == 0x5A, "nothing written");
+    sa.refuse = NULL;
+
+    sa.run_status = SDPA_UNSUPPORTED; /* refusing at run time: returned, not replaced */
+    st = sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, NULL, &prm);
+    CHECK_STATUS(st, SDPA_UNSUPPORTED);
+    sa.run_status = SDPA_OK;
+
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT; /* explicit on a layer: same */
+    ld.name = "blocks.0.attn";
+    ld.backend = "test.a";
+    sa.refuse = "scripted no";
+    sdpa_layer *layer;
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    st = sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, NULL, NULL);
+    CHECK_STATUS(st, SDPA_UNSUPPORTED);
+    CHECK(strstr(sdpa_last_error(), "scripted no") && strstr(sdpa_last_error(), "blocks.0.attn"),
+          "message: %s", sdpa_last_error());
+    sa.refuse = NULL;
+    sdpa_layer_destroy(layer);
+    ld.backend = "nope"; /* unknown explicit name */
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_INVALID_ARGUMENT);
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
+static void test_lse_forcing(void)
+{
+    sdpa_context *ctx = tl_context(NULL);
+    memset(&sa, 0, sizeof sa), memset(&sb, 0, sizeof sb);
+    sb.no_lse = 1;
+    scripted_add(ctx, "test.a", &sa);
+    scripted_add(ctx, "test.nolse", &sb);
+    sdpa_context_load_policy_text(ctx, "rule r\ndevice cpu\ntry test.nolse test.a\nevidence x\n",
+                                  "r.rules");
+    sdpa_call_desc d = cpu_call();
+    decide(ctx, &d);
+    FIRST("test.nolse");
+    d.want_lse = 1;
+    decide(ctx, &d);
+    FIRST("test.a");
+    for (int c = 0; c < dec.n_candidates; c++)
+        CHECK(strcmp(dec.candidates[c], "test.nolse") != 0, "no-LSE backend listed for LSE call");
+    CHECK(strstr(reason_of(&dec, "test.nolse"), "LSE") != NULL, "reason: %s",
+          reason_of(&dec, "test.nolse"));
+
+    run_setup r;
+    setup(&r, ctx, 1);
+    sdpa_status st = sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL);
+    CHECK_STATUS(st, SDPA_OK);
+    CHECK(strcmp(sdpa_last_backend(), "test.a") == 0, "ran %s", sdpa_last_backend());
+    CHECK(atomic_load(&sb.runs) == 0, "the no-LSE backend never ran");
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = "test.nolse";
+    st = sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, &prm);
+    CHECK_STATUS(st, SDPA_UNSUPPORTED);
+    CHECK(strstr(sdpa_last_error(), "LSE") != NULL, "message: %s", sdpa_last_error());
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
+static void test_latch(void)
+{
+    sdpa_context *ctx = cpu_ctx_with_scripts();
+    sa.run_status = SDPA_UNSUPPORTED; /* test.a accepts in check, refuses at run time */
+    sdpa_context_load_policy_text(ctx, "rule r\ndevice cpu\ntry test.a test.b\nevidence x\n",
+                                  "r.rules");
+    run_setup r;
+    setup(&r, ctx, 1);
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.name = "blocks.7.attn1";
+    sdpa_layer *layer;
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    tl_log_reset();
+    sdpa_status st = sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL);
+    CHECK_STATUS(st, SDPA_OK);
+    CHECK(correct(&r), "correct result in the same call");
+    CHECK(strcmp(sdpa_last_backend(), "test.b") == 0, "ran %s", sdpa_last_backend());
+    CHECK(tl_log_warnings == 1, "%d warnings", tl_log_warnings);
+    CHECK(strstr(tl_last_warning, "blocks.7.attn1") && strstr(tl_last_warning, "test.a") &&
+              strstr(tl_last_warning, "scripted unsupported"),
+          "warning names layer, backend and reason: %s", tl_last_warning);
+    CHECK(sdpa_layer_is_latched(layer, "test.a"), "latched");
+    CHECK(!sdpa_layer_is_latched(layer, "test.b"), "test.b not latched");
+    for (int i = 0; i < 3; i++)
+        CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                     SDPA_OK);
+    CHECK(atomic_load(&sa.runs) == 1, "latched backend tried %d times", atomic_load(&sa.runs));
+    CHECK(tl_log_warnings == 1, "still one warning, got %d", tl_log_warnings);
+
+    sdpa_layer *other; /* the latch is per layer */
+    ld.name = "blocks.8.attn1";
+    sdpa_layer_create(ctx, &ld, &other);
+    CHECK(!sdpa_layer_is_latched(other, "test.a"), "another layer is not latched");
+    CHECK_STATUS(sdpa_layer_forward(other, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(tl_log_warnings == 2, "its own one warning, got %d", tl_log_warnings);
+    sdpa_layer_destroy(other);
+
+    tl_log_reset(); /* one-shot calls fall through without latching or warning */
+    CHECK_STATUS(sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL), SDPA_OK);
+    CHECK(correct(&r) && tl_log_warnings == 0, "one-shot fallback");
+    sdpa_layer_destroy(layer);
+
+    /* Errors that must never be swallowed nor latch anything. */
+    const sdpa_status passthrough[] = {SDPA_OUT_OF_MEMORY, SDPA_DEVICE_ERROR, SDPA_INTERNAL,
+                                       SDPA_INVALID_ARGUMENT};
+    for (int i = 0; i < 4; i++) {
+        sa.run_status = passthrough[i];
+        atomic_store(&sb.runs, 0);
+        ld.name = "blocks.9.attn1";
+        sdpa_layer_create(ctx, &ld, &layer);
+        tl_log_reset();
+        st = sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL);
+        CHECK(st == passthrough[i], "%s came back as %s", sdpa_status_string(passthrough[i]),
+              sdpa_status_string(st));
+        CHECK(atomic_load(&sb.runs) == 0, "next candidate ran after %s",
+              sdpa_status_string(passthrough[i]));
+        CHECK(!sdpa_layer_is_latched(layer, "test.a") && tl_log_warnings == 0,
+              "%s latched or warned", sdpa_status_string(passthrough[i]));
+        st = sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL);
+        CHECK(st == passthrough[i], "one-shot: %s came back as %s",
+              sdpa_status_string(passthrough[i]), sdpa_status_string(st));
+        sdpa_layer_destroy(layer);
+    }
+    sa.run_status = SDPA_OK;
+
+    /* A layer built under a scoped override keeps it after the pop. */
+    sdpa_override_push("test.c");
+    ld.name = "quantised.attn";
+    sdpa_layer_create(ctx, &ld, &layer);
+    sdpa_override_pop();
+    atomic_store(&sc.runs, 0);
+    CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(atomic_load(&sc.runs) == 1 && strcmp(sdpa_last_backend(), "test.c") == 0,
+          "layer used its captured override (ran %s)", sdpa_last_backend());
+    sdpa_layer_destroy(layer);
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
+/* ---- many threads, one layer */
+
+typedef struct worker {
+    sdpa_layer *layer;
+    const run_setup *r;
+    int ok;
+} worker;
+
+static void *hammer(void *raw)
+{
+    worker *w = raw;
+    const run_setup *r = w->r;
+    tl_output out;
+    tl_output_make(&out, &r->p);
+    w->ok = 1;
+    for (int i = 0; i < 25; i++) {
+        sdpa_status st = sdpa_layer_forward(w->layer, &r->p.q, &r->p.k, &r->p.v, &out.t, out.lse,
+                                            NULL);
+        if (st != SDPA_OK || tl_max_diff(&out, &r->ref, NULL) > 1e-6)
+            w->ok = 0;
+    }
+    tl_output_free(&out);
+    return NULL;
+}
+
+static void test_concurrency(void)
+{
+    sdpa_context *ctx = cpu_ctx_with_scripts();
+    sa.run_status = SDPA_UNSUPPORTED;
+    sdpa_context_load_policy_text(ctx, "rule r\ndevice cpu\ntry test.a test.b\nevidence x\n",
+                                  "r.rules");
+    run_setup r;
+    setup(&r, ctx, 1);
+    sdpa_layer *layer;
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.name = "shared.attn";
+    sdpa_layer_create(ctx, &ld, &layer);
+    tl_log_reset();
+    enum { N = 6 };
+    pthread_t th[N];
+    worker w[N];
+    for (int i = 0; i < N; i++) {
+        w[i] = (worker){layer, &r, 0};
+        pthread_create(&th[i], NULL, hammer, &w[i]);
+    }
+    int all_ok = 1;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        all_ok &= w[i].ok;
+    }
+    CHECK(all_ok, "every concurrent call succeeded with the correct result");
+    CHECK(tl_log_warnings == 1, "exactly one warning across threads, got %d", tl_log_warnings);
+    CHECK(atomic_load(&sa.runs) >= 1 && atomic_load(&sa.runs) <= N,
+          "latched backend ran %d times", atomic_load(&sa.runs));
+    sdpa_layer_destroy(layer);
+    teardown(&r);
+    sa.run_status = SDPA_OK;
+    sdpa_context_destroy(ctx);
+}
+
+/* The checkers must catch a backend that returns a wrong answer. */
+static void test_wrong_result_detected(void)
+{
+    sdpa_context *ctx = cpu_ctx_with_scripts();
+    sa.wrong_result = 1;
+    run_setup r;
+    setup(&r, ctx, 0);
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = "test.a";
+    CHECK_STATUS(sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, NULL, &prm), SDPA_OK);
+    CHECK(!correct(&r), "a wrong result went unnoticed");
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
+/* Explain text and JSON carry the decision. */
+static void test_explain(void)
+{
+    sdpa_context *ctx = tl_context("cuda:sm_100,cudnn=91900");
+    sdpa_call_desc d = cuda_call(1, 8190, 24, 2, 128);
+    char *text = NULL;
+    CHECK_STATUS(sdpa_explain(ctx, &d, 1, &text), SDPA_OK);
+    CHECK(text && strstr(text, "\"candidates\":[\"cuda.flash\",\"cuda.unfused\"]") &&
+              strstr(text, "\"rejected\":{") && strstr(text, "gqa-not-cudnn"),
+          "json: %s", text ? text : "(null)");
+    sdpa_free(text);
+    CHECK_STATUS(sdpa_explain(ctx, &d, 0, &text), SDPA_OK);
+    CHECK(text && strstr(text, "not present here") && strstr(text, "1. cuda.flash"), "text: %s",
+          text ? text : "(null)");
+    sdpa_free(text);
+    d.Hkv = 5; /* Hq % Hkv != 0 */
+    CHECK_STATUS(sdpa_explain(ctx, &d, 0, &text), SDPA_INVALID_ARGUMENT);
+    sdpa_context_destroy(ctx);
+}
+
+int main(void)
+{
+    tl_seed_from_env();
+    test_cuda_rules();
+    test_precedence();
+    test_explicit_refusal();
+    test_lse_forcing();
+    test_latch();
+    test_concurrency();
+    test_wrong_result_detected();
+    test_explain();
+    return tl_finish();
+}

@@ -1,0 +1,186 @@
+/*
+ * test_policy.c - the rule file: parsing, errors that name file, line and
+ * problem, matching, precedence of user files over the built-in rules.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "support/testlib.h"
+#include "dispatch/policy.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int known(const char *name, void *user)
+{
+    (void)user;
+    return strcmp(name, "cuda.cudnn") == 0 || strcmp(name, "cuda.flash") == 0 ||
+           strcmp(name, "cpu.portable") == 0 || strcmp(name, "ref") == 0;
+}
+
+static void expect_error(const char *text, const char *needle)
+{
+    sdpa_policy *pol = NULL;
+    sdpa_status st = sdpa__policy_parse(text, "my.rules", known, NULL, &pol);
+    CHECK(st == SDPA_INVALID_ARGUMENT && pol == NULL, "accepted bad rules: %s", text);
+    CHECK(strstr(sdpa_last_error(), needle) != NULL, "message '%s' lacks '%s'", sdpa_last_error(),
+          needle);
+}
+
+static void test_errors(void)
+{
+    expect_error("rule a\ntry ref\n", "my.rules:1: rule 'a' has no 'evidence'");
+    expect_error("rule a\nevidence x\n", "rule 'a' has no 'try'");
+    expect_error("\n\nrule a\ncolour blue\n", "my.rules:4: unknown key 'colour'");
+    expect_error("rule a\ntry cpu.fast\nevidence x\n", "my.rules:2: backend 'cpu.fast' unknown");
+    expect_error("rule a\ncc 10\ntry ref\nevidence x\n", "my.rules:2: '10' is not a range");
+    expect_error("rule a\nD 9-3\ntry ref\nevidence x\n", "'9-3' is not a range for D");
+    expect_error("rule a\ndtype f64\ntry ref\nevidence x\n", "dtype 'f64' unknown");
+    expect_error("rule a\ncausal maybe\ntry ref\nevidence x\n", "causal 'maybe' unknown");
+    expect_error("rule a\nlse perhaps\ntry ref\nevidence x\n", "expected yes or no");
+    expect_error("try ref\n", "my.rules:1: 'try' before the first 'rule NAME'");
+    expect_error("rule a\ntry ref\nevidence x\nrule a\ntry ref\nevidence y\n",
+                 "my.rules:4: rule 'a' already defined at my.rules:1");
+    expect_error("rule a b\ntry ref\nevidence x\n", "needs one name");
+    expect_error("rule a\ntry ref ref\nevidence x\n", "listed twice");
+    expect_error("rule a\ndevice tpu\ntry ref\nevidence x\n", "device 'tpu' unknown");
+    expect_error("rule a\nisa sse9\ntry ref\nevidence x\n", "isa 'sse9' unknown");
+    expect_error("rule a\ntry ref\nevidence\n", "evidence is empty");
+}
+
+static sdpa_call_desc call(sdpa_device_kind dev, int64_t B, int64_t S, int64_t D)
+{
+    sdpa_call_desc d;
+    memset(&d, 0, sizeof d);
+    d.device = dev, d.dtype = SDPA_BF16, d.B = B, d.Sq = d.Skv = S, d.Hq = d.Hkv = 8, d.D = D;
+    return d;
+}
+
+static void test_matching(void)
+{
+    const char *text = "# comment\n"
+                       "rule r1\n"
+                       "device cuda\n"
+                       "cc 9.0-10.x\n"
+                       "cudnn >=90000\n"
+                       "D 64-128\n"
+                       "B >=4\n"
+                       "Sq <2048\n"
+                       "same_seq yes\n"
+                       "quant none fp8\n"
+                       "component transformer\n"
+                       "try cuda.cudnn cuda.flash\n"
+                       "evidence test # not a comment here\n";
+    sdpa_policy *pol;
+    CHECK_STATUS(sdpa__policy_parse(text, "m.rules", known, NULL, &pol), SDPA_OK);
+    if (!pol)
+        return;
+    const sdpa_rule *r = &pol->rules[0];
+    CHECK(strcmp(r->evidence, "test # not a comment here") == 0, "evidence '%s'", r->evidence);
+    CHECK(strcmp(r->origin, "m.rules:2") == 0, "origin %s", r->origin);
+    sdpa_platform p;
+    sdpa_platform_parse("cuda:sm_100", &p);
+    sdpa_call_desc d = call(SDPA_DEVICE_CUDA, 4, 1024, 128);
+    d.component = "transformer";
+    CHECK(sdpa__rule_matches(r, &p, &d), "matches");
+    d.quant = "fp8";
+    CHECK(sdpa__rule_matches(r, &p, &d), "fp8 listed");
+    d.quant = "nvfp4";
+    CHECK(!sdpa__rule_matches(r, &p, &d), "nvfp4 not listed");
+    d.quant = NULL;
+    d.B = 3;
+    CHECK(!sdpa__rule_matches(r, &p, &d), "B >= 4");
+    d.B = 4, d.Sq = 2048, d.Skv = 2048;
+    CHECK(!sdpa__rule_matches(r, &p, &d), "Sq < 2048");
+    d.Sq = 1024, d.Skv = 77;
+    CHECK(!sdpa__rule_matches(r, &p, &d), "same_seq");
+    d.Skv = 1024, d.D = 256;
+    CHECK(!sdpa__rule_matches(r, &p, &d), "D range");
+    d.D = 64, d.component = "text_encoder";
+    CHECK(!sdpa__rule_matches(r, &p, &d), "component");
+    d.component = "transformer";
+    sdpa_platform_parse("cuda:sm_120", &p);
+    CHECK(!sdpa__rule_matches(r, &p, &d), "cc 12.0 outside 9.0-10.x");
+    sdpa_platform_parse("cuda:sm_90,cudnn=8900", &p);
+    CHECK(!sdpa__rule_matches(r, &p, &d), "cudnn too old");
+    sdpa_platform_parse("cpu", &p);
+    d.device = SDPA_DEVICE_CPU;
+    CHECK(!sdpa__rule_matches(r, &p, &d), "device");
+    sdpa__policy_free(pol);
+}
+
+static void test_user_file(void)
+{
+    char path[] = "/tmp/sdpa_policy_XXXXXX";
+    int fd = mkstemp(path);
+    const char *rules = "rule mine\ndevice cpu\ntry ref\nevidence measured by me\n";
+    CHECK(write(fd, rules, strlen(rules)) == (ssize_t)strlen(rules), "write");
+    close(fd);
+    sdpa_context *ctx = tl_context(NULL);
+    sdpa_call_desc d = call(SDPA_DEVICE_CPU, 1, 64, 64);
+    sdpa_decision dec;
+    sdpa_decide(ctx, &d, &dec);
+    CHECK(strcmp(dec.rule, "cpu-default") == 0, "built-in rule %s", dec.rule);
+    CHECK_STATUS(sdpa_context_load_policy(ctx, path), SDPA_OK);
+    sdpa_decide(ctx, &d, &dec);
+    CHECK(strcmp(dec.rule, "mine") == 0 && strcmp(dec.candidates[0], "ref") == 0,
+          "user rule first: %s", dec.rule);
+    CHECK(strstr(dec.rule_origin, path) != NULL, "origin names the file: %s", dec.rule_origin);
+    sdpa_context_destroy(ctx);
+
+    /* SDPA_POLICY: loaded at creation; a broken file fails creation. */
+    setenv("SDPA_POLICY", path, 1);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_OK);
+    sdpa_decide(ctx, &d, &dec);
+    CHECK(strcmp(dec.rule, "mine") == 0, "SDPA_POLICY rule: %s", dec.rule);
+    sdpa_context_destroy(ctx);
+    FILE *f = fopen(path, "w");
+    fputs("rule broken\ndevice cpu\ntry ref\n", f);
+    fclose(f);
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), path) && strstr(sdpa_last_error(), ":1:"),
+          "message names file and line: %s", sdpa_last_error());
+    unsetenv("SDPA_POLICY");
+    unlink(path);
+    ctx = tl_context(NULL);
+    CHECK_STATUS(sdpa_context_load_policy(ctx, "/nonexistent/rules"), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "/nonexistent/rules") != NULL, "%s", sdpa_last_error());
+    sdpa_context_destroy(ctx);
+}
+
+static void test_default_rules_parse(void)
+{
+    sdpa_policy *pol;
+    CHECK_STATUS(sdpa__policy_parse(sdpa__default_rules_text, "default.rules", known, NULL, &pol),
+                 SDPA_INVALID_ARGUMENT); /* cuda.unfused is unknown to this test's list */
+    sdpa_context *ctx = tl_context(NULL);
+    CHECK(ctx != NULL, "the built-in rules load");
+    sdpa_context_destroy(ctx);
+}
+
+static void test_platform_parse(void)
+{
+    sdpa_platform p;
+    CHECK_STATUS(sdpa_platform_parse("cuda:sm_90a,cudnn=91001", &p), SDPA_OK);
+    CHECK(p.cc_major == 9 && p.cc_minor == 0 && p.cudnn_version == 91001 && p.simulated,
+          "parsed %d.%d %d", p.cc_major, p.cc_minor, p.cudnn_version);
+    CHECK_STATUS(sdpa_platform_parse("cuda:sm_120", &p), SDPA_OK);
+    CHECK(p.cc_major == 12 && p.cc_minor == 0, "sm_120");
+    CHECK_STATUS(sdpa_platform_parse("cpu:isa=avx2", &p), SDPA_OK);
+    CHECK(!(p.cpu_features & SDPA_CPU_AVX512F), "avx2 cap removes avx512");
+    CHECK_STATUS(sdpa_platform_parse("tpu", &p), SDPA_INVALID_ARGUMENT);
+    CHECK_STATUS(sdpa_platform_parse("cuda", &p), SDPA_INVALID_ARGUMENT);
+    CHECK_STATUS(sdpa_platform_parse("cuda:sm_100,cudnn=x", &p), SDPA_INVALID_ARGUMENT);
+    CHECK_STATUS(sdpa_platform_parse("cpu:isa=sse9", &p), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "sse9") != NULL, "%s", sdpa_last_error());
+}
+
+int main(void)
+{
+    test_errors();
+    test_matching();
+    test_user_file();
+    test_default_rules_parse();
+    test_platform_parse();
+    return tl_finish();
+}

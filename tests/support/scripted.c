@@ -1,0 +1,55 @@
+/* scripted.c - see scripted.h. */
+#include "scripted.h"
+#include "dispatch/context.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int scripted_check(const sdpa_backend *self, const sdpa_call_desc *d,
+                          const sdpa_platform *p, char *why, size_t n)
+{
+    (void)d, (void)p;
+    const scripted *s = self->state;
+    if (s->refuse) {
+        sdpa__strlcpy(why, s->refuse, n);
+        return 0;
+    }
+    return 1;
+}
+
+static sdpa_status scripted_run(const sdpa_backend *self, const sdpa_call *call)
+{
+    scripted *s = self->state;
+    atomic_fetch_add(&s->runs, 1);
+    if (s->run_status != SDPA_OK)
+        return sdpa__fail(s->run_status, "%s: scripted %s", self->name,
+                          sdpa_status_string(s->run_status));
+    sdpa_status st = sdpa__backend_ref.run(&sdpa__backend_ref, call);
+    if (st == SDPA_OK && s->wrong_result) {
+        float *o = call->out->data;
+        if (call->out->dtype == SDPA_F32)
+            o[0] += 1.0f;
+    }
+    return st;
+}
+
+sdpa_status scripted_add(sdpa_context *ctx, const char *name, scripted *script)
+{
+    /* Leaked on purpose: a registered backend lives as long as the test. */
+    static sdpa_backend pool[64];
+    static int used;
+    if (used == 64)
+        return SDPA_INTERNAL;
+    sdpa_backend *b = &pool[used++];
+    *b = sdpa__backend_ref;
+    b->name = name;
+    b->summary = "scripted test backend";
+    b->fallback_rank = 0;
+    b->version = "test";
+    b->caps.lse = !script->no_lse;
+    b->device = script->cuda ? SDPA_DEVICE_CUDA : SDPA_DEVICE_CPU;
+    b->check = scripted_check;
+    b->run = scripted_run;
+    b->state = script;
+    return sdpa__ctx_add_backend(ctx, b);
+}

@@ -1,0 +1,26 @@
+/*
+ * scripted.h - a test-only backend whose answers and failures are scripted:
+ * it refuses calls in check() with a given reason, fails in run() with a
+ * given status, or runs the reference and optionally corrupts the result.
+ * Used to test the dispatcher without real kernels misbehaving.
+ */
+#ifndef SDPA_SCRIPTED_H
+#define SDPA_SCRIPTED_H
+
+#include "sdpa.h"
+
+#include <stdatomic.h>
+
+typedef struct scripted {
+    const char *refuse;      /* non-NULL: check() refuses with this reason       */
+    sdpa_status run_status;  /* not OK: run() fails with it (UNSUPPORTED latches) */
+    int wrong_result;        /* 1: runs ref, then adds 1 to the first output value */
+    int no_lse;              /* 1: declares no LSE output                         */
+    int cuda;                /* 1: a CUDA backend (decisions only)                */
+    _Atomic int runs;        /* how many times run() was entered                  */
+} scripted;
+
+/* Registers a scripted backend named `name` with ctx. */
+sdpa_status scripted_add(sdpa_context *ctx, const char *name, scripted *script);
+
+#endif

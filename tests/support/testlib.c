@@ -1,0 +1,313 @@
+/* testlib.c - see testlib.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "testlib.h"
+#include "core/half.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int tl_passed, tl_failed, tl_skipped;
+
+void tl_skip(const char *what, const char *why)
+{
+    tl_skipped++;
+    printf("SKIP %s: %s\n", what, why);
+}
+
+int tl_finish(void)
+{
+    printf("%d passed, %d failed, %d skipped\n", tl_passed, tl_failed, tl_skipped);
+    return tl_failed ? 1 : 0;
+}
+
+static uint64_t rng, seed;
+
+void tl_seed_from_env(void)
+{
+    const char *s = getenv("SDPA_TEST_SEED");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    seed = s && *s ? strtoull(s, NULL, 10) : (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
+    if (!seed)
+        seed = 1;
+    rng = seed;
+    printf("seed %llu (repeat with SDPA_TEST_SEED=%llu)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+}
+
+uint64_t tl_seed(void) { return seed; }
+
+double tl_uniform(void)
+{
+    if (!rng)
+        tl_seed_from_env();
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+#define GUARD_BYTE 0xA5
+#define GAP_BYTE 0x5A
+
+void *tl_alloc_guarded(size_t bytes)
+{
+    unsigned char *p = malloc(bytes + TL_GUARD);
+    if (p)
+        memset(p + bytes, GUARD_BYTE, TL_GUARD);
+    return p;
+}
+
+int tl_guard_intact(const void *p, size_t bytes)
+{
+    const unsigned char *g = (const unsigned char *)p + bytes;
+    for (int i = 0; i < TL_GUARD; i++)
+        if (g[i] != GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
+void tl_free_guarded(void *p) { free(p); }
+
+const char *tl_layout_name(tl_layout l)
+{
+    return l == TL_BSHD ? "bshd" : l == TL_BHSD ? "bhsd" : "strided";
+}
+
+static void store(void *base, sdpa_dtype t, int64_t i, double x)
+{
+    if (t == SDPA_F32)
+        ((float *)base)[i] = (float)x;
+    else if (t == SDPA_F16)
+        ((uint16_t *)base)[i] = sdpa__f32_to_f16((float)x);
+    else
+        ((uint16_t *)base)[i] = sdpa__f32_to_bf16((float)x);
+}
+
+float tl_out_get(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d)
+{
+    int64_t i = b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + d * t->stride[3];
+    if (t->dtype == SDPA_F32)
+        return ((const float *)t->data)[i];
+    if (t->dtype == SDPA_F16)
+        return sdpa__f16_to_f32(((const uint16_t *)t->data)[i]);
+    return sdpa__bf16_to_f32(((const uint16_t *)t->data)[i]);
+}
+
+/*
+ * Lays out a [B, S, H, D] tensor. TL_STRIDED is a view into a wider buffer
+ * shaped [B, S, H, D + 3] with the head dim padded and every other batch
+ * of rows skipped in S: the view has non-unit strides in S and H and gaps
+ * between rows, like a slice of a packed QKV buffer.
+ */
+static sdpa_tensor layout_tensor(void *mem, sdpa_dtype t, int64_t B, int64_t S, int64_t H,
+                                 int64_t D, tl_layout l, size_t *bytes)
+{
+    sdpa_tensor x;
+    if (l == TL_BSHD)
+        x = sdpa_tensor_bshd(mem, t, B, S, H, D);
+    else if (l == TL_BHSD)
+        x = sdpa_tensor_bhsd(mem, t, B, S, H, D);
+    else {
+        x = sdpa_tensor_bshd(mem, t, B, S, H, D);
+        int64_t Dp = D + 3, rowlen = 2 * H * Dp; /* each S row followed by a gap row */
+        x.stride[3] = 1, x.stride[2] = Dp, x.stride[1] = rowlen, x.stride[0] = S * rowlen + 5;
+    }
+    int64_t last = 0;
+    for (int i = 0; i < 4; i++)
+        last += (x.size[i] - 1) * x.stride[i];
+    *bytes = (size_t)(last + 1) * sdpa_dtype_size(t);
+    return x;
+}
+
+int tl_problem_make(tl_problem *p, const tl_case *c)
+{
+    memset(p, 0, sizeof *p);
+    p->c = *c;
+    sdpa_tensor *ts[3] = {&p->q, &p->k, &p->v};
+    for (int i = 0; i < 3; i++) {
+        int64_t S = i == 0 ? c->Sq : c->Skv, H = i == 0 ? c->Hq : c->Hkv;
+        size_t bytes;
+        layout_tensor(NULL, c->dtype, c->B, S, H, c->D, c->layout, &bytes);
+        p->qkv_mem[i] = tl_alloc_guarded(bytes);
+        if (!p->qkv_mem[i])
+            return 0;
+        p->qkv_bytes[i] = bytes;
+        /* Fill everything, gaps included, with random values: a kernel that
+         * reads a gap gets a wrong answer rather than a lucky zero. */
+        for (size_t e = 0; e < bytes / sdpa_dtype_size(c->dtype); e++)
+            store(p->qkv_mem[i], c->dtype, (int64_t)e, tl_uniform());
+        *ts[i] = layout_tensor(p->qkv_mem[i], c->dtype, c->B, S, H, c->D, c->layout, &bytes);
+    }
+    return 1;
+}
+
+void tl_problem_free(tl_problem *p)
+{
+    for (int i = 0; i < 3; i++)
+        tl_free_guarded(p->qkv_mem[i]);
+    memset(p, 0, sizeof *p);
+}
+
+int tl_output_make(tl_output *o, const tl_problem *p)
+{
+    memset(o, 0, sizeof *o);
+    const tl_case *c = &p->c;
+    layout_tensor(NULL, c->out_dtype, c->B, c->Sq, c->Hq, c->D, c->layout, &o->bytes);
+    o->mem = tl_alloc_guarded(o->bytes);
+    if (!o->mem)
+        return 0;
+    memset(o->mem, GAP_BYTE, o->bytes);
+    size_t bytes;
+    o->t = layout_tensor(o->mem, c->out_dtype, c->B, c->Sq, c->Hq, c->D, c->layout, &bytes);
+    if (c->want_lse) {
+        size_t n = (size_t)(c->B * c->Hq * c->Sq);
+        o->lse = tl_alloc_guarded(n * sizeof(float));
+        if (!o->lse)
+            return 0;
+        for (size_t i = 0; i < n; i++)
+            o->lse[i] = NAN;
+    }
+    return 1;
+}
+
+int tl_output_check(const tl_output *o, char *why, size_t n)
+{
+    if (!tl_guard_intact(o->mem, o->bytes)) {
+        snprintf(why, n, "guard bytes after out overwritten");
+        return 0;
+    }
+    if (o->lse && !tl_guard_intact(o->lse, (size_t)(o->t.size[0] * o->t.size[2] * o->t.size[1]) *
+                                               sizeof(float))) {
+        snprintf(why, n, "guard bytes after lse overwritten");
+        return 0;
+    }
+    /* Gaps of a strided view: mark every element of the view, then every
+     * byte not marked must still hold the gap pattern. */
+    unsigned char *mark = calloc(o->bytes, 1);
+    if (!mark) {
+        snprintf(why, n, "out of memory in the check");
+        return 0;
+    }
+    const sdpa_tensor *t = &o->t;
+    size_t es = sdpa_dtype_size(t->dtype);
+    for (int64_t b = 0; b < t->size[0]; b++)
+        for (int64_t s = 0; s < t->size[1]; s++)
+            for (int64_t h = 0; h < t->size[2]; h++)
+                for (int64_t d = 0; d < t->size[3]; d++) {
+                    int64_t i = b * t->stride[0] + s * t->stride[1] + h * t->stride[2] +
+                                d * t->stride[3];
+                    memset(mark + (size_t)i * es, 1, es);
+                }
+    int ok = 1;
+    for (size_t i = 0; i < o->bytes && ok; i++)
+        if (!mark[i] && ((unsigned char *)o->mem)[i] != GAP_BYTE) {
+            snprintf(why, n, "byte %zu between output rows was written", i);
+            ok = 0;
+        }
+    free(mark);
+    return ok;
+}
+
+void tl_output_free(tl_output *o)
+{
+    tl_free_guarded(o->mem);
+    tl_free_guarded(o->lse);
+    memset(o, 0, sizeof *o);
+}
+
+double tl_tolerance(sdpa_dtype in, sdpa_dtype out)
+{
+    /* Inputs are identical for both sides (already rounded to `in`), so
+     * the difference is accumulation error (f32: ~1e-6 relative) plus the
+     * rounding of the stored output: half an ulp of |out| <= 1. */
+    (void)in;
+    switch (out) {
+    case SDPA_F32: return 2e-5;
+    case SDPA_F16: return 1e-3;  /* 2^-11 half-ulp at 1, plus accumulation */
+    case SDPA_BF16: return 8e-3; /* 2^-8 half-ulp at 1, plus accumulation  */
+    }
+    return 0;
+}
+
+double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where)
+{
+    double worst = 0;
+    const sdpa_tensor *x = &a->t, *y = &b->t;
+    int64_t n = 0;
+    for (int64_t i0 = 0; i0 < x->size[0]; i0++)
+        for (int64_t i1 = 0; i1 < x->size[1]; i1++)
+            for (int64_t i2 = 0; i2 < x->size[2]; i2++)
+                for (int64_t i3 = 0; i3 < x->size[3]; i3++, n++) {
+                    double d = fabs((double)tl_out_get(x, i0, i1, i2, i3) -
+                                    (double)tl_out_get(y, i0, i1, i2, i3));
+                    if (!(d <= worst)) { /* NaN counts as worst */
+                        worst = isnan(d) ? INFINITY : d;
+                        if (where)
+                            *where = n;
+                    }
+                }
+    return worst;
+}
+
+double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_t Hq, int64_t Sq)
+{
+    double worst = 0;
+    for (int64_t i = 0; i < B * Hq * Sq; i++) {
+        float x = a->lse[i], y = b->lse[i];
+        if (isinf(x) || isinf(y)) {
+            if (x != y)
+                return INFINITY;
+            continue;
+        }
+        double d = fabs((double)x - (double)y);
+        if (!(d <= worst))
+            worst = isnan(d) ? INFINITY : d;
+    }
+    return worst;
+}
+
+int tl_log_warnings;
+char tl_last_warning[1024];
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void capture_log(sdpa_log_level level, const char *msg, void *user)
+{
+    (void)user;
+    pthread_mutex_lock(&log_lock);
+    if (level == SDPA_LOG_WARN) {
+        tl_log_warnings++;
+        snprintf(tl_last_warning, sizeof tl_last_warning, "%s", msg);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+void tl_log_reset(void)
+{
+    pthread_mutex_lock(&log_lock);
+    tl_log_warnings = 0;
+    tl_last_warning[0] = '\0';
+    pthread_mutex_unlock(&log_lock);
+}
+
+sdpa_context *tl_context(const char *platform)
+{
+    sdpa_platform plat;
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    if (platform) {
+        if (sdpa_platform_parse(platform, &plat) != SDPA_OK) {
+            printf("platform %s: %s\n", platform, sdpa_last_error());
+            return NULL;
+        }
+        o.platform = &plat;
+    }
+    o.threads = 2;
+    o.ignore_env = 1;
+    o.log = capture_log;
+    o.log_level = SDPA_LOG_WARN;
+    sdpa_context *ctx = NULL;
+    if (sdpa_context_create(&o, &ctx) != SDPA_OK)
+        printf("context: %s\n", sdpa_last_error());
+    return ctx;
+}

@@ -1,0 +1,106 @@
+/*
+ * testlib.h - a small test harness: checks that count, fresh random inputs
+ * with a printed seed, tensors with guard bytes, comparison against ref.
+ *
+ * Each test program ends with the line "N passed, N failed[, N skipped]"
+ * and exits non-zero on any failure. SDPA_TEST_SEED=n repeats a run.
+ */
+#ifndef SDPA_TESTLIB_H
+#define SDPA_TESTLIB_H
+
+#include "sdpa.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int tl_passed, tl_failed, tl_skipped;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            tl_passed++;                                                                           \
+        } else {                                                                                   \
+            tl_failed++;                                                                           \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_STATUS(got, want)                                                                    \
+    CHECK((got) == (want), "status %s, expected %s; last error: %s", sdpa_status_string(got),     \
+          sdpa_status_string(want), sdpa_last_error())
+
+void tl_skip(const char *what, const char *why);
+/* Prints the summary line; returns the exit code. */
+int tl_finish(void);
+
+/* ---- random numbers (seeded once per process, seed printed) */
+void tl_seed_from_env(void);
+uint64_t tl_seed(void);
+double tl_uniform(void); /* [-1, 1) */
+
+/* ---- buffers with guard bytes after the end */
+#define TL_GUARD 64
+void *tl_alloc_guarded(size_t bytes);          /* fills guard with a pattern */
+int tl_guard_intact(const void *p, size_t bytes);
+void tl_free_guarded(void *p);
+
+/* ---- an attention problem: q, k, v in some layout and dtype */
+typedef enum tl_layout { TL_BSHD, TL_BHSD, TL_STRIDED } tl_layout;
+const char *tl_layout_name(tl_layout l);
+
+typedef struct tl_case {
+    int64_t B, Sq, Skv, Hq, Hkv, D;
+    sdpa_dtype dtype;     /* inputs */
+    sdpa_dtype out_dtype;
+    sdpa_causal causal;
+    tl_layout layout;
+    int want_lse;
+} tl_case;
+
+typedef struct tl_problem {
+    tl_case c;
+    sdpa_tensor q, k, v;
+    void *qkv_mem[3];
+    size_t qkv_bytes[3];
+} tl_problem;
+
+/* Fresh random inputs in [-1, 1) (strided: a slice of a wider buffer). */
+int tl_problem_make(tl_problem *p, const tl_case *c);
+void tl_problem_free(tl_problem *p);
+
+/* An output tensor for the problem, with guard bytes; strided layouts leave
+ * gaps filled with a pattern that tl_output_check verifies untouched. */
+typedef struct tl_output {
+    sdpa_tensor t;
+    void *mem;
+    size_t bytes;
+    float *lse;
+} tl_output;
+
+int tl_output_make(tl_output *o, const tl_problem *p);
+/* Guards intact and the gaps of a strided view untouched? */
+int tl_output_check(const tl_output *o, char *why, size_t n);
+void tl_output_free(tl_output *o);
+
+/* Element of an output as float. */
+float tl_out_get(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d);
+
+/* Tolerance on |out - ref| for a backend with f32 accumulation, by dtypes. */
+double tl_tolerance(sdpa_dtype in, sdpa_dtype out);
+
+/* Max |a - b| over outputs and over LSE (rows with -inf LSE must match). */
+double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where);
+double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_t Hq,
+                       int64_t Sq);
+
+/* A context with the given platform spec (NULL = this machine), 2 threads,
+ * env ignored, logs captured into tl_log_* counters. */
+sdpa_context *tl_context(const char *platform);
+extern int tl_log_warnings;
+extern char tl_last_warning[1024];
+void tl_log_reset(void);
+
+#endif

@@ -1,0 +1,330 @@
+/*
+ * bench.c - `sdpa bench`: times backends side by side on shape suites.
+ *
+ * Method: one warm-up call per backend, then `reps` rounds; each round runs
+ * every backend once, starting at a different backend each round, so slow
+ * drift of the machine (frequency, a neighbour's load) hits all alike.
+ * Reported per (row, backend): median, min and max milliseconds and
+ * GFLOP/s from the median, with FLOPs = 4 B Hq Sq Skv D (halved for causal
+ * with Sq == Skv). "chosen" is what the dispatcher would run for the row.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "tool.h"
+#include "../src/core/half.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_ROWS 256
+#define MAX_BENCH_BACKENDS 16
+
+typedef struct row {
+    char name[64];
+    sdpa_call_desc d;
+} row;
+
+static int read_suite(const char *path, row *rows, int *n_rows)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return tool_usage_error("--suite: cannot open '%s'", path);
+    char line[1024];
+    int lineno = 0, n = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *s = line;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (*s == '#' || *s == '\n' || *s == '\0')
+            continue;
+        if (n == MAX_ROWS) {
+            fclose(f);
+            return tool_usage_error("%s:%d: more than %d rows", path, lineno, MAX_ROWS);
+        }
+        row *r = &rows[n];
+        memset(r, 0, sizeof *r);
+        char *save = NULL, *tok = strtok_r(s, "\t \n", &save);
+        long long v[7];
+        int ok = tok && strlen(tok) < sizeof r->name;
+        if (ok)
+            strcpy(r->name, tok);
+        for (int i = 0; i < 7 && ok; i++) {
+            tok = strtok_r(NULL, "\t \n", &save);
+            ok = tok && tool_parse_int(tok, i == 6 ? 0 : 1, i == 6 ? 1 : (1ll << 40), &v[i]);
+        }
+        if (!ok) {
+            fclose(f);
+            return tool_usage_error("%s:%d: expected name B Sq Skv Hq Hkv D causal(0|1)", path,
+                                    lineno);
+        }
+        r->d.B = v[0], r->d.Sq = v[1], r->d.Skv = v[2], r->d.Hq = v[3], r->d.Hkv = v[4];
+        r->d.D = v[5];
+        r->d.causal = v[6] ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
+        n++;
+    }
+    fclose(f);
+    if (n == 0)
+        return tool_usage_error("--suite: '%s' has no rows", path);
+    *n_rows = n;
+    return 0;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void *random_tensor(sdpa_dtype t, size_t n)
+{
+    void *p = malloc((n ? n : 1) * sdpa_dtype_size(t));
+    if (!p)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        float x = rnd();
+        if (t == SDPA_F32)
+            ((float *)p)[i] = x;
+        else if (t == SDPA_F16)
+            ((uint16_t *)p)[i] = sdpa__f32_to_f16(x);
+        else
+            ((uint16_t *)p)[i] = sdpa__f32_to_bf16(x);
+    }
+    return p;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double flops_of(const sdpa_call_desc *d)
+{
+    double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;
+    return d->causal != SDPA_CAUSAL_NONE && d->Sq == d->Skv ? f / 2 : f;
+}
+
+/* First present candidate the dispatcher would try, or "-". */
+static const char *dispatcher_choice(sdpa_context *ctx, const sdpa_call_desc *d)
+{
+    static _Thread_local sdpa_decision dec;
+    if (sdpa_decide(ctx, d, &dec) != SDPA_OK || dec.status != SDPA_OK)
+        return "-";
+    for (int c = 0; c < dec.n_candidates; c++)
+        for (int i = 0; i < dec.n_backends; i++)
+            if (dec.backends[i].candidate == c && dec.backends[i].present)
+                return dec.backends[i].name;
+    return "-";
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    tool_flag f[] = {{"--suite", 1, NULL},   {"--shape", 1, NULL}, {"--backends", 1, NULL},
+                     {"--dtype", 1, NULL},   {"--causal", 1, NULL}, {"--reps", 1, NULL},
+                     {"--threads", 1, NULL}, {"--json", 0, NULL}};
+    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, NF };
+    int rc = tool_parse_flags(argc, argv, f, NF);
+    if (rc)
+        return rc;
+    static row rows[MAX_ROWS];
+    int n_rows = 0;
+    if (!!f[SUITE].value == !!f[SHAPE].value)
+        return tool_usage_error("bench: give exactly one of --suite FILE or --shape "
+                                "B,Sq,Skv,Hq,Hkv,D");
+    if (f[SUITE].value && (rc = read_suite(f[SUITE].value, rows, &n_rows)) != 0)
+        return rc;
+    if (f[SHAPE].value) {
+        memset(&rows[0], 0, sizeof rows[0]);
+        if (!tool_parse_shape(f[SHAPE].value, &rows[0].d))
+            return tool_usage_error("--shape '%s' is not six positive integers B,Sq,Skv,Hq,Hkv,D",
+                                    f[SHAPE].value);
+        strcpy(rows[0].name, "shape");
+        n_rows = 1;
+    }
+    sdpa_dtype dtype = SDPA_F32;
+    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
+        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    sdpa_causal causal = SDPA_CAUSAL_NONE;
+    if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &causal))
+        return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
+                                f[CAUSAL].value);
+    long long reps = 5, threads = 0;
+    if (f[REPS].value && !tool_parse_int(f[REPS].value, 1, 1000, &reps))
+        return tool_usage_error("--reps '%s' is not a number in 1..1000", f[REPS].value);
+    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
+        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
+    for (int r = 0; r < n_rows; r++) {
+        rows[r].d.dtype = dtype;
+        if (f[CAUSAL].value)
+            rows[r].d.causal = causal;
+    }
+
+    sdpa_context *ctx;
+    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+        return rc;
+    const char *names[MAX_BENCH_BACKENDS];
+    int nb = 0;
+    char list[512];
+    if (f[BACKENDS].value) {
+        if (strlen(f[BACKENDS].value) >= sizeof list) {
+            sdpa_context_destroy(ctx);
+            return tool_usage_error("--backends list too long");
+        }
+        strcpy(list, f[BACKENDS].value);
+        char *save = NULL;
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            int found = 0;
+            for (int i = 0; i < sdpa_backend_count(ctx) && !found; i++) {
+                sdpa_backend_info b;
+                sdpa_backend_get(ctx, i, &b);
+                if (strcmp(b.name, tok) == 0) {
+                    found = 1;
+                    if (!b.present) {
+                        sdpa_context_destroy(ctx);
+                        return tool_usage_error("--backends: %s is not present here: %s", tok,
+                                                b.why_absent);
+                    }
+                    if (nb == MAX_BENCH_BACKENDS) {
+                        sdpa_context_destroy(ctx);
+                        return tool_usage_error("--backends: at most %d", MAX_BENCH_BACKENDS);
+                    }
+                    names[nb++] = b.name;
+                }
+            }
+            if (!found) {
+                sdpa_context_destroy(ctx);
+                return tool_usage_error("--backends: '%s' unknown (see `sdpa info`)", tok);
+            }
+        }
+    } else {
+        /* Every present CPU backend except the float64 oracle (too slow to
+         * time on real shapes; name it with --backends to include it). */
+        for (int i = 0; i < sdpa_backend_count(ctx) && nb < MAX_BENCH_BACKENDS; i++) {
+            sdpa_backend_info b;
+            sdpa_backend_get(ctx, i, &b);
+            if (b.present && b.device == SDPA_DEVICE_CPU && strcmp(b.name, "ref") != 0)
+                names[nb++] = b.name;
+        }
+    }
+    const int json = f[JSON].value != NULL;
+    const sdpa_platform *plat = sdpa_context_platform(ctx);
+    char date[32];
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    if (!json) {
+        printf("# sdpa bench %s  %s  %d threads  dtype %s  %lld reps (interleaved), %s\n",
+               sdpa_version(), plat->cpu_model, sdpa_context_threads(ctx), sdpa_dtype_name(dtype),
+               reps, date);
+        printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s  %s\n", "row", "B",
+               "Sq", "Skv", "Hq", "Hkv", "D", "causal", "backend", "median_ms", "min_ms",
+               "max_ms", "GFLOP/s", "");
+    }
+
+    double *t = malloc(sizeof(double) * (size_t)reps * MAX_BENCH_BACKENDS);
+    if (!t) {
+        sdpa_context_destroy(ctx);
+        return tool_usage_error("out of memory");
+    }
+    rc = 0;
+    for (int r = 0; r < n_rows && rc == 0; r++) {
+        sdpa_call_desc *d = &rows[r].d;
+        const size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D);
+        const size_t nk = (size_t)(d->B * d->Skv * d->Hkv * d->D);
+        void *q = random_tensor(dtype, nq), *k = random_tensor(dtype, nk);
+        void *v = random_tensor(dtype, nk);
+        float *o = malloc(sizeof(float) * (nq ? nq : 1));
+        if (!q || !k || !v || !o) {
+            free(q), free(k), free(v), free(o);
+            rc = tool_usage_error("row %s: out of memory for its tensors", rows[r].name);
+            break;
+        }
+        sdpa_tensor tq = sdpa_tensor_bshd(q, dtype, d->B, d->Sq, d->Hq, d->D);
+        sdpa_tensor tk = sdpa_tensor_bshd(k, dtype, d->B, d->Skv, d->Hkv, d->D);
+        sdpa_tensor tv = sdpa_tensor_bshd(v, dtype, d->B, d->Skv, d->Hkv, d->D);
+        sdpa_tensor to = sdpa_tensor_bshd(o, SDPA_F32, d->B, d->Sq, d->Hq, d->D);
+        const char *chosen = dispatcher_choice(ctx, d);
+        char refused[MAX_BENCH_BACKENDS][256];
+        for (int b = 0; b < nb; b++) {
+            sdpa_params p = SDPA_PARAMS_DEFAULT;
+            p.backend = names[b];
+            p.causal = d->causal;
+            sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p); /* warm-up */
+            refused[b][0] = '\0';
+            if (st != SDPA_OK)
+                snprintf(refused[b], sizeof refused[b], "%s: %s", sdpa_status_string(st),
+                         sdpa_last_error());
+        }
+        for (long long rep = 0; rep < reps; rep++)
+            for (int j = 0; j < nb; j++) {
+                int b = (int)((j + rep) % nb);
+                if (refused[b][0])
+                    continue;
+                sdpa_params p = SDPA_PARAMS_DEFAULT;
+                p.backend = names[b];
+                p.causal = d->causal;
+                double t0 = tool_now_ms();
+                sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
+                t[b * reps + rep] = tool_now_ms() - t0;
+            }
+        double med[MAX_BENCH_BACKENDS];
+        int winner = -1;
+        for (int b = 0; b < nb; b++) {
+            if (refused[b][0])
+                continue;
+            qsort(&t[b * reps], (size_t)reps, sizeof(double), cmp_double);
+            med[b] = reps % 2 ? t[b * reps + reps / 2]
+                              : 0.5 * (t[b * reps + reps / 2 - 1] + t[b * reps + reps / 2]);
+            if (winner < 0 || med[b] < med[winner])
+                winner = b;
+        }
+        for (int b = 0; b < nb; b++) {
+            const double mn = t[b * reps], mx = t[b * reps + reps - 1];
+            const double gf = refused[b][0] ? 0.0 : flops_of(d) / (med[b] * 1e6);
+            if (json) {
+                printf("{\"row\":\"%s\",\"B\":%lld,\"Sq\":%lld,\"Skv\":%lld,\"Hq\":%lld,"
+                       "\"Hkv\":%lld,\"D\":%lld,\"dtype\":\"%s\",\"causal\":%s,\"backend\":\"%s\"",
+                       rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
+                       (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
+                       sdpa_dtype_name(dtype), d->causal ? "true" : "false", names[b]);
+                if (refused[b][0])
+                    printf(",\"median_ms\":null,\"min_ms\":null,\"max_ms\":null,\"gflops\":null,"
+                           "\"error\":\"%s\"",
+                           sdpa_status_string(SDPA_UNSUPPORTED));
+                else
+                    printf(",\"median_ms\":%.4f,\"min_ms\":%.4f,\"max_ms\":%.4f,\"gflops\":%.2f",
+                           med[b], mn, mx, gf);
+                printf(",\"reps\":%lld,\"threads\":%d,\"winner\":%s,\"chosen\":\"%s\"}\n", reps,
+                       sdpa_context_threads(ctx), b == winner ? "true" : "false", chosen);
+            } else if (refused[b][0]) {
+                printf("%-20s %2lld %6lld %6lld %3lld %3lld %4lld %-6s  %-14s refused: %s\n",
+                       rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
+                       (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
+                       d->causal ? "yes" : "no", names[b], refused[b]);
+            } else {
+                printf("%-20s %2lld %6lld %6lld %3lld %3lld %4lld %-6s  %-14s %10.3f %10.3f "
+                       "%10.3f %9.2f  %s%s\n",
+                       rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
+                       (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
+                       d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf,
+                       b == winner ? "winner " : "",
+                       strcmp(names[b], chosen) == 0 ? "chosen" : "");
+            }
+        }
+        if (!json && strcmp(chosen, "-") != 0) {
+            int listed = 0;
+            for (int b = 0; b < nb; b++)
+                listed |= strcmp(names[b], chosen) == 0;
+            if (!listed)
+                printf("%-20s dispatcher would choose %s (not benchmarked)\n", "", chosen);
+        }
+        fflush(stdout);
+        free(q), free(k), free(v), free(o);
+    }
+    free(t);
+    sdpa_context_destroy(ctx);
+    return rc;
+}

@@ -1,0 +1,191 @@
+/*
+ * npy.c - .npy reading and writing (format versions 1.0, 2.0 and 3.0).
+ *
+ * Layout: "\x93NUMPY", major, minor, header length (2 bytes for 1.0,
+ * 4 bytes after), then a Python dict literal padded with spaces to a
+ * multiple of 64 bytes, then the raw data in C order.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "npy.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int fail(char *err, size_t n, const char *path, const char *what)
+{
+    snprintf(err, n, "%s: %s", path, what);
+    return -1;
+}
+
+/* Finds 'key': in the header dict and returns a pointer past the colon. */
+static const char *dict_value(const char *hdr, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "'%s':", key);
+    const char *p = strstr(hdr, pat);
+    if (!p)
+        return NULL;
+    p += strlen(pat);
+    while (*p == ' ')
+        p++;
+    return p;
+}
+
+int npy_read(const char *path, npy_array *out, char *err, size_t errn)
+{
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return snprintf(err, errn, "%s: cannot open: %s", path, strerror(errno)), -1;
+    unsigned char magic[10];
+    char *hdr = NULL;
+    int rc = -1;
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "\x93NUMPY", 6) != 0) {
+        fail(err, errn, path, "not a .npy file (bad magic)");
+        goto done;
+    }
+    uint32_t hlen;
+    if (magic[6] == 1) {
+        unsigned char b[2];
+        if (fread(b, 1, 2, f) != 2) {
+            fail(err, errn, path, "truncated header");
+            goto done;
+        }
+        hlen = b[0] | (uint32_t)b[1] << 8;
+    } else if (magic[6] == 2 || magic[6] == 3) {
+        unsigned char b[4];
+        if (fread(b, 1, 4, f) != 4) {
+            fail(err, errn, path, "truncated header");
+            goto done;
+        }
+        hlen = b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    } else {
+        fail(err, errn, path, "unsupported .npy format version");
+        goto done;
+    }
+    if (hlen > (1u << 20)) {
+        fail(err, errn, path, "header too large");
+        goto done;
+    }
+    hdr = malloc(hlen + 1);
+    if (!hdr || fread(hdr, 1, hlen, f) != hlen) {
+        fail(err, errn, path, "truncated header");
+        goto done;
+    }
+    hdr[hlen] = '\0';
+    const char *descr = dict_value(hdr, "descr");
+    const char *order = dict_value(hdr, "fortran_order");
+    const char *shape = dict_value(hdr, "shape");
+    if (!descr || !order || !shape) {
+        fail(err, errn, path, "header lacks descr, fortran_order or shape");
+        goto done;
+    }
+    if (strncmp(descr, "'<f4'", 5) == 0 || strncmp(descr, "'=f4'", 5) == 0)
+        out->is_f16 = 0;
+    else if (strncmp(descr, "'<f2'", 5) == 0 || strncmp(descr, "'=f2'", 5) == 0)
+        out->is_f16 = 1;
+    else {
+        char what[96];
+        snprintf(what, sizeof what, "dtype %.12s not supported, expected float32 or float16",
+                 descr);
+        fail(err, errn, path, what);
+        goto done;
+    }
+    if (strncmp(order, "False", 5) != 0) {
+        fail(err, errn, path, "Fortran-order array, expected C order");
+        goto done;
+    }
+    if (*shape != '(') {
+        fail(err, errn, path, "malformed shape");
+        goto done;
+    }
+    const char *p = shape + 1;
+    out->count = 1;
+    while (*p && *p != ')') {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (*p == ')')
+            break;
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 0 || out->ndim == NPY_MAX_DIMS ||
+            __builtin_mul_overflow(out->count, (int64_t)v, &out->count)) {
+            fail(err, errn, path, "malformed or oversized shape");
+            goto done;
+        }
+        out->shape[out->ndim++] = v;
+        p = end;
+    }
+    if (*p != ')') {
+        fail(err, errn, path, "malformed shape");
+        goto done;
+    }
+    size_t esize = out->is_f16 ? 2 : 4;
+    if (out->count > (int64_t)(SIZE_MAX / esize) / 2) {
+        fail(err, errn, path, "array too large");
+        goto done;
+    }
+    size_t bytes = (size_t)out->count * esize;
+    out->data = malloc(bytes ? bytes : 1);
+    if (!out->data) {
+        fail(err, errn, path, "out of memory reading data");
+        goto done;
+    }
+    if (fread(out->data, 1, bytes, f) != bytes) {
+        fail(err, errn, path, "truncated data (file shorter than its shape says)");
+        goto done;
+    }
+    rc = 0;
+done:
+    free(hdr);
+    fclose(f);
+    if (rc != 0)
+        npy_free(out);
+    return rc;
+}
+
+int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
+                  size_t errn)
+{
+    char dict[512];
+    int len = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++) {
+        len += snprintf(dict + len, sizeof dict - (size_t)len, "%lld%s", (long long)shape[i],
+                        ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));
+        count *= shape[i];
+    }
+    len += snprintf(dict + len, sizeof dict - (size_t)len, "), }");
+    /* Pad so that magic (10 bytes) + dict + '\n' is a multiple of 64. */
+    int total = 10 + len + 1;
+    int pad = (64 - total % 64) % 64;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return snprintf(err, errn, "%s: cannot create: %s", path, strerror(errno)), -1;
+    unsigned hl = (unsigned)(len + pad + 1);
+    unsigned char head[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff),
+                              (unsigned char)(hl >> 8)};
+    int ok = fwrite(head, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)len, f) == (size_t)len;
+    for (int i = 0; i < pad && ok; i++)
+        ok = fputc(' ', f) != EOF;
+    ok = ok && fputc('\n', f) != EOF;
+    ok = ok && fwrite(data, sizeof(float), (size_t)count, f) == (size_t)count;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return snprintf(err, errn, "%s: cannot write: %s", path, strerror(e)), -1;
+    }
+    return 0;
+}
+
+void npy_free(npy_array *a)
+{
+    free(a->data);
+    a->data = NULL;
+}

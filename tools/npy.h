@@ -1,0 +1,28 @@
+/*
+ * npy.h - just enough of NumPy's .npy format for `sdpa run`: read float32
+ * or float16 C-order arrays, write float32 ones.
+ */
+#ifndef SDPA_NPY_H
+#define SDPA_NPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NPY_MAX_DIMS 8
+
+typedef struct npy_array {
+    int ndim;
+    int64_t shape[NPY_MAX_DIMS];
+    int is_f16;   /* 0: float32, 1: float16 */
+    int64_t count;
+    void *data;
+} npy_array;
+
+/* 0 on success; otherwise -1 and a one-line reason in err. */
+int npy_read(const char *path, npy_array *out, char *err, size_t errn);
+/* Writes atomically (temporary file, then rename): no partial file on failure. */
+int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
+                  size_t errn);
+void npy_free(npy_array *a);
+
+#endif
