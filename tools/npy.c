@@ -88,9 +88,15 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errn)
     else if (strncmp(descr, "'<f2'", 5) == 0 || strncmp(descr, "'=f2'", 5) == 0)
         out->is_f16 = 1;
     else {
-        char what[96];
-        snprintf(what, sizeof what, "dtype %.12s not supported, expected float32 or float16",
-                 descr);
+        char what[128], code[16] = "?";
+        const char *end = descr[0] == '\'' ? strchr(descr + 1, '\'') : NULL;
+        if (end && end - descr - 1 < (long)sizeof code)
+            snprintf(code, sizeof code, "%.*s", (int)(end - descr - 1), descr + 1);
+        const char *name = strcmp(code + 1, "f8") == 0 ? "float64"
+                           : code[1] == 'i'            ? "an integer type"
+                                                       : "this dtype";
+        snprintf(what, sizeof what, "%s ('%s') not supported, expected float32 or float16", name,
+                 code);
         fail(err, errn, path, what);
         goto done;
     }

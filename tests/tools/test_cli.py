@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `sdpa` command-line tool.
+
+usage: test_cli.py PATH/TO/sdpa [SHAPES_DIR]
+
+Checks `sdpa run` against a NumPy float64 reference (GQA, cross-attention,
+both causal alignments, f16 files, --dtype bf16, --scale, --lse), its
+one-line errors with no output file left behind, the `explain` decisions the
+foundation issue names, `bench --json` keys on smoke.tsv, and `info`.
+Prints "N passed, N failed" last.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+SDPA = sys.argv[1]
+SHAPES = sys.argv[2] if len(sys.argv) > 2 else None
+passed = failed = skipped = 0
+rng = np.random.default_rng()
+print(f"seed {rng.bit_generator.state['state']['state']}")
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL {what}")
+
+
+def sdpa(*args, env=None):
+    e = dict(os.environ)
+    for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA"):
+        e.pop(k, None)
+    e.update(env or {})
+    return subprocess.run([SDPA, *args], capture_output=True, text=True, env=e, timeout=600)
+
+
+def reference(q, k, v, causal="none", scale=None):
+    """float64 attention; q [B,Sq,Hq,D], k/v [B,Skv,Hkv,D] -> out, lse [B,Hq,Sq]."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    k = np.repeat(k, g, axis=2)
+    v = np.repeat(v, g, axis=2)
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal != "none":
+        off = 0 if causal == "top-left" else Skv - Sq
+        i = np.arange(Sq)[:, None]
+        j = np.arange(Skv)[None, :]
+        s = np.where(j <= i + off, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    dead = np.isinf(m)
+    m = np.where(dead, 0, m)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", p / np.where(l == 0, 1, l), v)
+    lse = np.where(dead[..., 0], -np.inf, (m + np.log(np.where(l == 0, 1, l)))[..., 0])
+    return out, lse
+
+
+def to_bf16(x):
+    """Round float32 to bfloat16 (nearest even), returned as float32."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+tmp = tempfile.mkdtemp(prefix="sdpa_cli_")
+
+
+def path(name):
+    return os.path.join(tmp, name)
+
+
+def save(name, arr):
+    np.save(path(name), arr)
+    return path(name)
+
+
+def run_case(what, q, k, v, causal="none", extra=(), dtype_round=None, tol=1e-4, scale=None):
+    for f in ("o.npy", "l.npy"):
+        if os.path.exists(path(f)):
+            os.remove(path(f))
+    args = ["run", "--q", save("q.npy", q), "--k", save("k.npy", k), "--v", save("v.npy", v),
+            "--out", path("o.npy"), "--lse", path("l.npy"), *extra]
+    if causal != "none":
+        args += ["--causal", causal]
+    r = sdpa(*args)
+    check(r.returncode == 0, f"{what}: exit {r.returncode}: {r.stderr.strip()}")
+    if r.returncode:
+        return r
+    check("backend " in r.stdout, f"{what}: prints the backend that ran: {r.stdout!r}")
+    rq, rk, rv = (x.astype(np.float32) for x in (q, k, v))
+    if dtype_round:
+        rq, rk, rv = dtype_round(rq), dtype_round(rk), dtype_round(rv)
+    want, want_lse = reference(rq, rk, rv, causal, scale)
+    got, got_lse = np.load(path("o.npy")), np.load(path("l.npy"))
+    check(got.dtype == np.float32 and got.shape == q.shape, f"{what}: out {got.dtype} {got.shape}")
+    check(got_lse.shape == (q.shape[0], q.shape[2], q.shape[1]), f"{what}: lse shape {got_lse.shape}")
+    err = np.abs(got - want).max()
+    check(err <= tol, f"{what}: max |out - ref| = {err:.3g} > {tol}")
+    fin = np.isfinite(want_lse)
+    check(np.array_equal(fin, np.isfinite(got_lse)), f"{what}: -inf LSE rows differ")
+    lerr = np.abs(got_lse[fin] - want_lse[fin]).max() if fin.any() else 0.0
+    check(lerr <= 1e-4, f"{what}: max |lse - ref| = {lerr:.3g}")
+    return r
+
+
+def rand(*shape):
+    return rng.uniform(-1, 1, size=shape).astype(np.float32)
+
+
+# ---- run: correctness
+q, k, v = rand(2, 37, 4, 32), rand(2, 29, 2, 32), rand(2, 29, 2, 32)
+run_case("gqa cross", q, k, v)
+run_case("causal top-left", q, k, v, "top-left")
+run_case("causal bottom-right (rows with no key)", q, k, v, "bottom-right")
+run_case("scale", q, k, v, extra=["--scale", "0.3"], scale=0.3)
+run_case("threads 1", q, k, v, extra=["--threads", "1"])
+r = run_case("explicit ref", q, k, v, extra=["--backend", "ref"])
+check("backend ref" in r.stdout, f"explicit backend reported: {r.stdout!r}")
+run_case("dtype bf16", q, k, v, extra=["--dtype", "bf16"], dtype_round=to_bf16, tol=1e-4)
+qh, kh, vh = (x.astype(np.float16) for x in (q, k, v))
+run_case("float16 files", qh, kh, vh, dtype_round=lambda x: x.astype(np.float16).astype(np.float32))
+q1 = rand(1, 1, 1, 72)
+run_case("one token, D=72", q1, rand(1, 1, 1, 72), rand(1, 1, 1, 72))
+
+
+# ---- run: errors are one line, non-zero, and leave no output behind
+def expect_error(what, args, needle):
+    for f in ("o.npy", "l.npy"):
+        if os.path.exists(path(f)):
+            os.remove(path(f))
+    r = sdpa(*args)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    check(r.returncode != 0, f"{what}: exit 0")
+    check(len(lines) == 1, f"{what}: {len(lines)} lines on stderr: {r.stderr!r}")
+    check(needle in r.stderr, f"{what}: stderr lacks {needle!r}: {r.stderr!r}")
+    check(not os.path.exists(path("o.npy")) and not os.path.exists(path("l.npy")),
+          f"{what}: output file left behind")
+    leftovers = [f for f in os.listdir(tmp) if ".tmp." in f]
+    check(not leftovers, f"{what}: temporary files left: {leftovers}")
+
+
+base = ["--q", save("q.npy", q), "--k", save("k.npy", k), "--v", save("v.npy", v),
+        "--out", path("o.npy"), "--lse", path("l.npy")]
+expect_error("missing file", ["run", *base[:1], path("nope.npy"), *base[2:]], "nope.npy")
+with open(path("junk.npy"), "wb") as f:
+    f.write(b"this is not numpy")
+expect_error("malformed file", ["run", "--q", path("junk.npy"), *base[2:]], "not a .npy file")
+np.save(path("short.npy"), q)
+with open(path("short.npy"), "r+b") as f:
+    f.truncate(200)
+expect_error("truncated file", ["run", "--q", path("short.npy"), *base[2:]], "truncated")
+np.save(path("d.npy"), rng.uniform(size=(2, 29, 2, 32)))
+expect_error("float64 file", ["run", *base[:2], "--k", path("d.npy"), *base[4:]], "float64")
+np.save(path("k3.npy"), rand(2, 29, 64))
+expect_error("3-d array", ["run", *base[:2], "--k", path("k3.npy"), *base[4:]], "4 [B, S, H, D]")
+np.save(path("kd.npy"), rand(2, 29, 2, 16))
+expect_error("mismatched D", ["run", *base[:2], "--k", path("kd.npy"), *base[4:]], "(D)")
+np.save(path("kh.npy"), rand(2, 29, 3, 32))
+np.save(path("vh.npy"), rand(2, 29, 3, 32))
+expect_error("Hq % Hkv", ["run", *base[:2], "--k", path("kh.npy"), "--v", path("vh.npy"),
+                          *base[6:]], "Hq % Hkv")
+expect_error("unknown backend", ["run", *base, "--backend", "cpu.warp"], "cpu.warp")
+expect_error("unknown flag", ["run", *base, "--fast"], "unknown flag '--fast'")
+expect_error("bad causal", ["run", *base, "--causal", "diagonal"], "--causal")
+expect_error("bad dtype", ["run", *base, "--dtype", "f64"], "--dtype")
+expect_error("missing --out", ["run", *base[:6]], "--out")
+expect_error("unwritable output", ["run", *base[:6], "--out", "/nonexistent/dir/o.npy"], "cannot")
+r = sdpa("run", *base, env={"SDPA_BACKEND": "gpu.magic"})
+check(r.returncode != 0 and "SDPA_BACKEND" in r.stderr and not os.path.exists(path("o.npy")),
+      f"bad SDPA_BACKEND: {r.stderr!r}")
+
+
+# ---- explain: the decisions named in the foundation issue
+def explain(*args):
+    r = sdpa("explain", *args, "--json")
+    check(r.returncode == 0, f"explain {args}: exit {r.returncode}: {r.stderr}")
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError:
+        check(False, f"explain {args}: not JSON: {r.stdout!r}")
+        return {"candidates": [], "rejected": {}, "rule": None}
+
+
+sm100 = ["--platform", "cuda:sm_100,cudnn=91900", "--dtype", "bf16"]
+d = explain(*sm100, "--shape", "1,8190,8190,24,24,128")
+check(d["candidates"][:1] == ["cuda.cudnn"], f"sm_100: {d['candidates']}")
+check(d["rule"] and d["rule"]["name"] == "blackwell-cudnn" and d["rule"]["evidence"],
+      f"sm_100 rule: {d['rule']}")
+for what, extra in (("causal", ["--causal", "top-left", "--shape", "1,8190,8190,24,24,128"]),
+                    ("nvfp4", ["--quant", "nvfp4", "--shape", "1,8190,8190,24,24,128"]),
+                    ("Hkv=2", ["--shape", "1,8190,8190,24,2,128"])):
+    d = explain(*sm100, *extra)
+    check(d["candidates"][:1] == ["cuda.flash"], f"sm_100 {what}: {d['candidates']}")
+    check(d["rejected"].get("cuda.cudnn"), f"sm_100 {what}: no reason for cuda.cudnn")
+d = explain(*sm100, "--quant", "nvfp4", "--backend", "cuda.cudnn", "--shape", "1,8190,8190,24,24,128")
+check(d["candidates"] == ["cuda.cudnn"] and d["source"] == "explicit", f"explicit over nvfp4: {d}")
+r = sdpa("explain", *sm100, "--shape", "1,8190,8190,24,24,128")
+check("not present here" in r.stdout and "decided by  rule 'blackwell-cudnn'" in r.stdout,
+      f"text explain: {r.stdout!r}")
+
+info = sdpa("info").stdout
+no_lse = [l.split()[0] for l in info.splitlines()
+          if l.startswith("  ") and " lse " not in l + " " and "cpu" in l]
+for shape in ("1,512,512,4,4,128", "2,300,77,8,2,64"):
+    d = explain("--shape", shape, "--lse")
+    check(d["candidates"], f"cpu --lse {shape}: no candidates")
+    check(not set(d["candidates"]) & set(no_lse), f"cpu --lse lists a backend without LSE: {d}")
+    d2 = explain("--shape", shape, "--lse", "--platform", "cpu:isa=avx2")
+    check(not set(d2["candidates"]) & set(no_lse), f"cpu avx2 --lse: {d2}")
+r = sdpa("explain", "--shape", "1,2,3")
+check(r.returncode == 2 and "--shape" in r.stderr, f"explain bad shape: {r.stderr!r}")
+r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "tpu:v5")
+check(r.returncode != 0 and "platform" in r.stderr, f"explain bad platform: {r.stderr!r}")
+
+# ---- bench
+smoke = os.path.join(SHAPES, "smoke.tsv") if SHAPES else None
+if smoke and os.path.exists(smoke):
+    r = sdpa("bench", "--suite", smoke, "--reps", "2", "--json")
+    check(r.returncode == 0, f"bench smoke: {r.stderr}")
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    keys = {"row", "B", "Sq", "Skv", "Hq", "Hkv", "D", "dtype", "causal", "backend", "median_ms",
+            "min_ms", "max_ms", "gflops", "chosen"}
+    check(len(rows) >= 6, f"bench rows: {len(rows)}")
+    check(all(keys <= set(x) for x in rows), f"bench keys: {rows[:1]}")
+    check(all(x["min_ms"] <= x["median_ms"] <= x["max_ms"] for x in rows if x["median_ms"]),
+          "min <= median <= max")
+    r = sdpa("bench", "--suite", smoke, "--reps", "1", "--backends", "cpu.portable,ref")
+    check(r.returncode == 0 and "winner" in r.stdout and "chosen" in r.stdout, f"bench text: {r.stdout}")
+else:
+    skipped += 1
+    print(f"SKIP bench --suite smoke.tsv: {smoke} not found")
+r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "2", "--json")
+check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["backend"], f"bench shape: {r.stderr}")
+r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--backends", "cuda.cudnn")
+check(r.returncode != 0 and "not present" in r.stderr, f"bench absent backend: {r.stderr!r}")
+
+# ---- info
+check("backends" in info and "cpu.portable" in info and "cuda.cudnn" in info, f"info: {info}")
+check("cuda      none:" in info, "info says why there is no CUDA")
+r = sdpa("frobnicate")
+check(r.returncode == 2, "unknown command exits 2")
+
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+sys.exit(1 if failed else 0)
