@@ -324,6 +324,14 @@ static char *explain_text(const sdpa_context *ctx, const sdpa_call_desc *d,
     return sdpa__sb_take(&sb);
 }
 
+static void json_string_or_null(sdpa_strbuf *sb, const char *s)
+{
+    if (s)
+        sdpa__sb_json_string(sb, s);
+    else
+        sdpa__sb_printf(sb, "null");
+}
+
 static char *explain_json(const sdpa_context *ctx, const sdpa_call_desc *d,
                           const sdpa_decision *dec)
 {
@@ -341,9 +349,9 @@ static char *explain_json(const sdpa_context *ctx, const sdpa_call_desc *d,
                     (long long)d->B, (long long)d->Sq, (long long)d->Skv, (long long)d->Hq,
                     (long long)d->Hkv, (long long)d->D, sdpa_causal_name(d->causal),
                     d->want_lse ? "true" : "false", d->deterministic ? "true" : "false");
-    sdpa__sb_json_string(&sb, d->component);
+    json_string_or_null(&sb, d->component);
     sdpa__sb_printf(&sb, ",\"quant\":");
-    sdpa__sb_json_string(&sb, d->quant);
+    json_string_or_null(&sb, d->quant);
     sdpa__sb_printf(&sb, "},\"source\":");
     sdpa__sb_json_string(&sb, sdpa_source_name(dec->source));
     sdpa__sb_printf(&sb, ",\"source_detail\":");
