@@ -478,6 +478,18 @@ typedef struct sdpa_backend_info {
 int sdpa_backend_count(const sdpa_context *ctx);
 sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_info *out);
 
+/* ---------------------------------------------------------------- ceilings */
+
+/*
+ * Measures an arithmetic ceiling of this machine with a short probe
+ * (~0.2 s) over the context's threads, in GFLOP/s: what = "fp32" is the FMA
+ * peak of the best usable vector ISA (12 register-only FMA chains per
+ * thread). *isa, if not NULL, names the ISA probed. Benchmarks print their
+ * figures as a percentage of this, measured in the same run.
+ */
+sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,
+                                 const char **isa);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

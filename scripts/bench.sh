@@ -14,4 +14,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
 build/sdpa info
 echo
-build/sdpa bench --suite "$shapes/$suite.tsv" --backends cpu.portable,ref --reps 3 "$@"
+# smoke.tsv: every backend including the float64 reference; larger suites:
+# every fast backend (the reference would take hours).
+backends=all
+[ "$suite" = smoke ] || backends=
+build/sdpa bench --suite "$shapes/$suite.tsv" ${backends:+--backends $backends} --reps 3 "$@"

@@ -169,7 +169,8 @@ int cmd_bench(int argc, char **argv)
     const char *names[MAX_BENCH_BACKENDS];
     int nb = 0;
     char list[512];
-    if (f[BACKENDS].value) {
+    const int all = f[BACKENDS].value && strcmp(f[BACKENDS].value, "all") == 0;
+    if (f[BACKENDS].value && !all) {
         if (strlen(f[BACKENDS].value) >= sizeof list) {
             sdpa_context_destroy(ctx);
             return tool_usage_error("--backends list too long");
@@ -201,12 +202,12 @@ int cmd_bench(int argc, char **argv)
             }
         }
     } else {
-        /* Every present CPU backend except the float64 oracle (too slow to
-         * time on real shapes; name it with --backends to include it). */
+        /* Every present CPU backend; the float64 oracle only with "all" (it
+         * is too slow to time on real shapes). */
         for (int i = 0; i < sdpa_backend_count(ctx) && nb < MAX_BENCH_BACKENDS; i++) {
             sdpa_backend_info b;
             sdpa_backend_get(ctx, i, &b);
-            if (b.present && b.device == SDPA_DEVICE_CPU && strcmp(b.name, "ref") != 0)
+            if (b.present && b.device == SDPA_DEVICE_CPU && (all || strcmp(b.name, "ref") != 0))
                 names[nb++] = b.name;
         }
     }
@@ -215,13 +216,29 @@ int cmd_bench(int argc, char **argv)
     char date[32];
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+    /* The ceiling every figure is a fraction of, measured in this run. */
+    double ceiling = 0;
+    const char *ceiling_isa = "none";
+    if (sdpa_measure_ceiling(ctx, "fp32", &ceiling, &ceiling_isa) != SDPA_OK)
+        ceiling = 0;
+    /* In-run baselines for the ratio columns, when benchmarked. */
+    int base_portable = -1, base_blas = -1;
+    for (int b = 0; b < nb; b++) {
+        if (strcmp(names[b], "cpu.portable") == 0)
+            base_portable = b;
+        if (strcmp(names[b], "cpu.blas") == 0)
+            base_blas = b;
+    }
     if (!json) {
         printf("# sdpa bench %s  %s  %d threads  dtype %s  %lld reps (interleaved), %s\n",
                sdpa_version(), plat->cpu_model, sdpa_context_threads(ctx), sdpa_dtype_name(dtype),
                reps, date);
-        printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s  %s\n", "row", "B",
-               "Sq", "Skv", "Hq", "Hkv", "D", "causal", "backend", "median_ms", "min_ms",
-               "max_ms", "GFLOP/s", "");
+        printf("# ceiling: fp32 FMA peak %.0f GFLOP/s (%s probe, %d threads, this run); "
+               "x portable / x blas: speed-up over those backends in this run\n",
+               ceiling, ceiling_isa, sdpa_context_threads(ctx));
+        printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s %6s %10s %7s  %s\n",
+               "row", "B", "Sq", "Skv", "Hq", "Hkv", "D", "causal", "backend", "median_ms",
+               "min_ms", "max_ms", "GFLOP/s", "%peak", "x portable", "x blas", "");
     }
 
     double *t = malloc(sizeof(double) * (size_t)reps * MAX_BENCH_BACKENDS);
@@ -284,6 +301,14 @@ int cmd_bench(int argc, char **argv)
         for (int b = 0; b < nb; b++) {
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
             const double gf = refused[b][0] ? 0.0 : flops_of(d) / (med[b] * 1e6);
+            const double pct = ceiling > 0 ? 100.0 * gf / ceiling : 0.0;
+            const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
+                                               !refused[b][0]
+                                           ? med[base_portable] / med[b]
+                                           : 0.0;
+            const double vs_blas =
+                base_blas >= 0 && !refused[base_blas][0] && !refused[b][0] ? med[base_blas] / med[b]
+                                                                           : 0.0;
             if (json) {
                 printf("{\"row\":\"%s\",\"B\":%lld,\"Sq\":%lld,\"Skv\":%lld,\"Hq\":%lld,"
                        "\"Hkv\":%lld,\"D\":%lld,\"dtype\":\"%s\",\"causal\":%s,\"backend\":\"%s\"",
@@ -295,8 +320,13 @@ int cmd_bench(int argc, char **argv)
                            "\"error\":\"%s\"",
                            sdpa_status_string(SDPA_UNSUPPORTED));
                 else
-                    printf(",\"median_ms\":%.4f,\"min_ms\":%.4f,\"max_ms\":%.4f,\"gflops\":%.2f",
-                           med[b], mn, mx, gf);
+                    printf(",\"median_ms\":%.4f,\"min_ms\":%.4f,\"max_ms\":%.4f,\"gflops\":%.2f,"
+                           "\"pct_peak\":%.2f,\"ceiling_gflops\":%.1f",
+                           med[b], mn, mx, gf, pct, ceiling);
+                if (vs_portable > 0)
+                    printf(",\"speedup_vs_portable\":%.3f", vs_portable);
+                if (vs_blas > 0)
+                    printf(",\"speedup_vs_blas\":%.3f", vs_blas);
                 printf(",\"reps\":%lld,\"threads\":%d,\"winner\":%s,\"chosen\":\"%s\"}\n", reps,
                        sdpa_context_threads(ctx), b == winner ? "true" : "false", chosen);
             } else if (refused[b][0]) {
@@ -305,11 +335,16 @@ int cmd_bench(int argc, char **argv)
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
                        d->causal ? "yes" : "no", names[b], refused[b]);
             } else {
+                char rp[16] = "-", rb[16] = "-";
+                if (vs_portable > 0)
+                    snprintf(rp, sizeof rp, "%.2f", vs_portable);
+                if (vs_blas > 0)
+                    snprintf(rb, sizeof rb, "%.2f", vs_blas);
                 printf("%-20s %2lld %6lld %6lld %3lld %3lld %4lld %-6s  %-14s %10.3f %10.3f "
-                       "%10.3f %9.2f  %s%s\n",
+                       "%10.3f %9.2f %5.1f%% %10s %7s  %s%s\n",
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
-                       d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf,
+                       d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf, pct, rp, rb,
                        b == winner ? "winner " : "",
                        strcmp(names[b], chosen) == 0 ? "chosen" : "");
             }

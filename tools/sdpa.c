@@ -343,6 +343,14 @@ static int cmd_info(int argc, char **argv)
                p->cudnn_version);
     else
         printf("cuda      none: %s\n", p->cuda_why);
+    sdpa_call_desc probe = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
+                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL};
+    sdpa_decision *dec = malloc(sizeof *dec);
+    if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0)
+        printf("kernel    %s for f32 B=1 S=1024 H=8 D=128 (%s%s%s); see `sdpa explain`\n",
+               dec->candidates[0], sdpa_source_name(dec->source), dec->rule[0] ? " " : "",
+               dec->rule);
+    free(dec);
     printf("backends\n");
     for (int i = 0; i < sdpa_backend_count(ctx); i++) {
         sdpa_backend_info b;
@@ -374,7 +382,7 @@ static void usage(FILE *f)
             "  explain  --shape B,Sq,Skv,Hq,Hkv,D [--dtype ..] [--causal ..] [--lse]\n"
             "           [--platform cpu|cpu:isa=LEVEL|cuda:sm_XY[,cudnn=N]] [--quant NAME]\n"
             "           [--component NAME] [--backend NAME] [--deterministic] [--json]\n"
-            "  bench    (--suite FILE | --shape B,Sq,Skv,Hq,Hkv,D) [--backends a,b,...]\n"
+            "  bench    (--suite FILE | --shape B,Sq,Skv,Hq,Hkv,D) [--backends a,b,...|all]\n"
             "           [--dtype ..] [--causal ..] [--reps N] [--threads N] [--json]\n"
             "  info     [--platform ..]\n"
             "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_LOG, SDPA_MAX_ISA (see README.md)\n");

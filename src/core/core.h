@@ -62,6 +62,7 @@ typedef struct sdpa_call {
     void *stream;
     sdpa_call_desc desc;  /* sizes and flags in one place */
     struct sdpa_pool *pool;
+    unsigned cpu_features; /* SDPA_CPU_* usable on this machine (after SDPA_MAX_ISA) */
 } sdpa_call;
 
 /*

@@ -52,6 +52,9 @@ struct sdpa_backend {
 /* The backends compiled into the core, in registry order. */
 extern const sdpa_backend sdpa__backend_ref;
 extern const sdpa_backend sdpa__backend_cpu_portable;
+extern const sdpa_backend sdpa__backend_cpu_avx512;
+extern const sdpa_backend sdpa__backend_cpu_avx2;
+extern const sdpa_backend sdpa__backend_cpu_blas;
 extern const sdpa_backend sdpa__backend_cuda_cudnn;
 extern const sdpa_backend sdpa__backend_cuda_flash;
 extern const sdpa_backend sdpa__backend_cuda_unfused;

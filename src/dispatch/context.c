@@ -277,6 +277,33 @@ static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
     return SDPA_OK;
 }
 
+/* One line on which CPU kernel this machine gets and why the better ones
+ * do not run ("AMX present but permission refused -> cpu.avx512"). */
+static void log_isa_decision(const sdpa_context *ctx)
+{
+    int best = -1;
+    char skipped[512] = "";
+    for (int i = 0; i < ctx->n_backends; i++) {
+        const sdpa_backend *b = ctx->backends[i];
+        if (b->device != SDPA_DEVICE_CPU || b->fallback_rank <= 0)
+            continue;
+        if (ctx->present[i]) {
+            if (best < 0 || b->fallback_rank > ctx->backends[best]->fallback_rank)
+                best = i;
+        } else {
+            size_t len = strlen(skipped);
+            snprintf(skipped + len, sizeof skipped - len, "%s%s %s", len ? "; " : "", b->name,
+                     ctx->why_absent[i]);
+        }
+    }
+    const char *amx = (ctx->host.cpu_features_present & SDPA_CPU_AMX_BF16) && !ctx->host.amx_permitted
+                          ? "AMX present but permission refused; "
+                          : "";
+    sdpa__log(&ctx->log, SDPA_LOG_INFO, "CPU kernel: %s-> %s%s%s%s", amx,
+              best >= 0 ? ctx->backends[best]->name : "none", skipped[0] ? " (" : "", skipped,
+              skipped[0] ? ")" : "");
+}
+
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out)
 {
     static const sdpa_context_options defaults = SDPA_CONTEXT_OPTIONS_DEFAULT;
@@ -322,6 +349,7 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
                                                 sizeof ctx->why_absent[i]);
     sdpa__log(&ctx->log, SDPA_LOG_INFO, "context: %s, %d threads, %d backends", ctx->host.cpu_model,
               ctx->threads, ctx->n_backends);
+    log_isa_decision(ctx);
     *out = ctx;
     sdpa__clear_error();
     return SDPA_OK;

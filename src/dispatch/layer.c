@@ -62,6 +62,7 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
     sdpa_status st = sdpa__ctx_pool(ctx, &call->pool);
     if (st != SDPA_OK)
         return st;
+    call->cpu_features = ctx->host.cpu_features;
     for (int k = 0; k < n; k++) {
         const int b = cand[k];
         const sdpa_backend *be = ctx->backends[b];

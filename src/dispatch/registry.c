@@ -80,8 +80,70 @@ const sdpa_backend sdpa__backend_cuda_unfused = {
     .run = cuda_absent_run,
 };
 
+#ifndef SDPA_HAVE_X86_KERNELS
+/* Not x86-64: the ISA backends are known by name (rules mention them) but
+ * never present. */
+static int x86_absent(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
+{
+    (void)self, (void)host;
+    sdpa__strlcpy(why, "not built: x86-64 kernels, this build is for another architecture", n);
+    return 0;
+}
+
+static sdpa_status x86_absent_run(const sdpa_backend *self, const sdpa_call *call)
+{
+    (void)call;
+    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not built for this architecture", self->name);
+}
+
+const sdpa_backend sdpa__backend_cpu_avx512 = {
+    .name = "cpu.avx512", .summary = "AVX-512 fp32 tiled kernel (x86-64 only)",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = ALL_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
+             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .deterministic = 1, .cpu_features = SDPA_CPU_AVX512F},
+    .version = "absent", .present = x86_absent, .run = x86_absent_run,
+};
+
+const sdpa_backend sdpa__backend_cpu_avx2 = {
+    .name = "cpu.avx2", .summary = "AVX2 fp32 tiled kernel (x86-64 only)",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = ALL_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
+             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .deterministic = 1, .cpu_features = SDPA_CPU_AVX2},
+    .version = "absent", .present = x86_absent, .run = x86_absent_run,
+};
+#endif
+
+#ifndef SDPA_HAVE_OPENBLAS
+static int blas_absent(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
+{
+    (void)self, (void)host;
+    sdpa__strlcpy(why, "not built: OpenBLAS (cblas.h, libopenblas) was not found at build time",
+                  n);
+    return 0;
+}
+
+static sdpa_status blas_absent_run(const sdpa_backend *self, const sdpa_call *call)
+{
+    (void)call;
+    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not built (no OpenBLAS at build time)",
+                      self->name);
+}
+
+const sdpa_backend sdpa__backend_cpu_blas = {
+    .name = "cpu.blas", .summary = "unfused OpenBLAS baseline (not built)",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1,
+             .gqa = 1, .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .deterministic = 1},
+    .version = "absent", .present = blas_absent, .run = blas_absent_run,
+};
+#endif
+
 const sdpa_backend *const sdpa__builtin_backends[] = {
-    &sdpa__backend_ref,        &sdpa__backend_cpu_portable, &sdpa__backend_cuda_cudnn,
+    &sdpa__backend_ref,        &sdpa__backend_cpu_portable, &sdpa__backend_cpu_avx512,
+    &sdpa__backend_cpu_avx2,   &sdpa__backend_cpu_blas,     &sdpa__backend_cuda_cudnn,
     &sdpa__backend_cuda_flash, &sdpa__backend_cuda_unfused, NULL,
 };
 

@@ -69,7 +69,10 @@ static void test_cuda_rules(void)
     CHECK(dec.n_candidates == 3 && strcmp(dec.candidates[2], "cuda.unfused") == 0,
           "cuda.unfused last");
     CHECK(dec.evidence[0] != '\0', "rule carries evidence");
-    CHECK(!dec.backends[2].present, "cuda backends are not present on this machine");
+    for (int i = 0; i < dec.n_backends; i++)
+        if (strncmp(dec.backends[i].name, "cuda.", 5) == 0)
+            CHECK(!dec.backends[i].present, "%s present on a machine without a CUDA plugin",
+                  dec.backends[i].name);
 
     d.causal = SDPA_CAUSAL_TOP_LEFT;
     decide(ctx, &d);
@@ -157,9 +160,11 @@ static void test_cuda_rules(void)
 
 static scripted sa, sb, sc;
 
+/* Decisions for a CPU with no vector ISA, so they are the same on every
+ * machine; scripted backends and cpu.portable/ref run everywhere. */
 static sdpa_context *cpu_ctx_with_scripts(void)
 {
-    sdpa_context *ctx = tl_context(NULL);
+    sdpa_context *ctx = tl_context("cpu:isa=portable");
     memset(&sa, 0, sizeof sa), memset(&sb, 0, sizeof sb), memset(&sc, 0, sizeof sc);
     scripted_add(ctx, "test.a", &sa);
     scripted_add(ctx, "test.b", &sb);
@@ -568,6 +573,72 @@ static void test_explain(void)
     sdpa_context_destroy(ctx);
 }
 
+/* SDPA_MAX_ISA caps the CPU kernels; every fallback this CPU allows runs. */
+static void test_max_isa(void)
+{
+    static const struct {
+        const char *level;
+        const char *expect_first;
+        unsigned needs;
+    } caps[] = {{"amx", "cpu.avx512", SDPA_CPU_AVX512F},
+                {"avx512", "cpu.avx512", SDPA_CPU_AVX512F},
+                {"avx2", "cpu.avx2", SDPA_CPU_AVX2},
+                {"portable", "cpu.portable", 0}};
+    sdpa_platform host;
+    sdpa_platform_detect(&host);
+    for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) {
+        if ((host.cpu_features & caps[i].needs) != caps[i].needs) {
+            char what[64];
+            snprintf(what, sizeof what, "SDPA_MAX_ISA=%s", caps[i].level);
+            tl_skip(what, "this CPU lacks the ISA");
+            continue;
+        }
+        setenv("SDPA_MAX_ISA", caps[i].level, 1);
+        sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+        o.threads = 2;
+        o.log_level = SDPA_LOG_WARN;
+        sdpa_context *ctx;
+        sdpa_status st = sdpa_context_create(&o, &ctx);
+        CHECK_STATUS(st, SDPA_OK);
+        if (st != SDPA_OK)
+            continue;
+        sdpa_call_desc d = cpu_call();
+        decide(ctx, &d);
+        FIRST(caps[i].expect_first);
+        run_setup r;
+        setup(&r, ctx, 1);
+        CHECK_STATUS(sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                     SDPA_OK);
+        CHECK(strcmp(sdpa_last_backend(), caps[i].expect_first) == 0 &&
+                  tl_max_diff(&r.out, &r.ref, NULL) < 2e-5,
+              "SDPA_MAX_ISA=%s ran %s", caps[i].level, sdpa_last_backend());
+        if (strcmp(caps[i].level, "avx2") == 0 || strcmp(caps[i].level, "portable") == 0) {
+            sdpa_params prm = SDPA_PARAMS_DEFAULT; /* capped away: explicit use refused */
+            prm.backend = "cpu.avx512";
+            st = sdpa_forward(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, NULL, &prm);
+            CHECK(st == SDPA_UNSUPPORTED && strstr(sdpa_last_error(), "AVX-512"),
+                  "capped cpu.avx512: %s %s", sdpa_status_string(st), sdpa_last_error());
+        }
+        teardown(&r);
+        sdpa_context_destroy(ctx);
+    }
+    setenv("SDPA_MAX_ISA", "sse9", 1);
+    sdpa_context *ctx;
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "SDPA_MAX_ISA='sse9'") != NULL, "%s", sdpa_last_error());
+    unsetenv("SDPA_MAX_ISA");
+
+    /* A simulated CPU without AVX-512 decides for itself, not for this one. */
+    ctx = tl_context("cpu:isa=avx2");
+    sdpa_call_desc d = cpu_call();
+    decide(ctx, &d);
+    CHECK(strcmp(dec.candidates[0], "cpu.avx512") != 0, "no AVX-512 on cpu:isa=avx2");
+    CHECK(strstr(reason_of(&dec, "cpu.avx512"), "AVX-512") != NULL, "reason: %s",
+          reason_of(&dec, "cpu.avx512"));
+    sdpa_context_destroy(ctx);
+}
+
 int main(void)
 {
     tl_seed_from_env();
@@ -579,5 +650,6 @@ int main(void)
     test_concurrency();
     test_wrong_result_detected();
     test_explain();
+    test_max_isa();
     return tl_finish();
 }

@@ -235,8 +235,11 @@ if smoke and os.path.exists(smoke):
     check(all(keys <= set(x) for x in rows), f"bench keys: {rows[:1]}")
     check(all(x["min_ms"] <= x["median_ms"] <= x["max_ms"] for x in rows if x["median_ms"]),
           "min <= median <= max")
-    r = sdpa("bench", "--suite", smoke, "--reps", "1", "--backends", "cpu.portable,ref")
-    check(r.returncode == 0 and "winner" in r.stdout and "chosen" in r.stdout, f"bench text: {r.stdout}")
+    r = sdpa("bench", "--suite", smoke, "--reps", "1", "--backends", "all")
+    check(r.returncode == 0 and "winner" in r.stdout and "chosen" in r.stdout and "%peak" in r.stdout
+          and " ref " in r.stdout, f"bench text: {r.stdout}")
+    r = sdpa("bench", "--suite", smoke, "--reps", "1", "--backends", "ref")
+    check(r.returncode == 0 and "dispatcher would choose" in r.stdout, f"bench choice: {r.stdout}")
 else:
     skipped += 1
     print(f"SKIP bench --suite smoke.tsv: {smoke} not found")

@@ -22,40 +22,13 @@
  */
 #include "../../core/convert.h"
 #include "../../dispatch/backend.h"
+#include "../exp_portable.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { BQ = 64, BK = 64, MR = 4, NR = 8 };
-
-/*
- * e^x for x <= 0, vectorisable. x = n ln2 + f ln2 with n integer and
- * |f| <= 1/2; 2^f by its degree-6 Taylor polynomial (truncation error
- * <= 1.2e-7 relative), 2^n through the exponent bits. Results are within
- * 3e-7 relative of expf for x in [-87, 0]; below -87 the result is a tiny
- * normal number (~1e-38), which is zero for all softmax purposes.
- * The rounding trick (t + 1.5 * 2^23 - 1.5 * 2^23) needs strict IEEE
- * evaluation: this file must not be built with -ffast-math.
- */
-static inline float exp_nonpos(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f;
-    float f = t - n;
-    float p = 1.5403530e-4f;
-    p = p * f + 1.3333558e-3f;
-    p = p * f + 9.6181291e-3f;
-    p = p * f + 5.5504109e-2f;
-    p = p * f + 2.4022651e-1f;
-    p = p * f + 6.9314718e-1f;
-    p = p * f + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
 
 /* C[MR][NR] += A[MR][K] * B[K][NR]; accumulators live in registers. */
 static inline void micro_kernel(int K, const float *restrict A, int lda, const float *restrict B,
@@ -136,10 +109,10 @@ static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t l
             memset(srow, 0, sizeof(float) * BK);
             continue;
         }
-        const float alpha = exp_nonpos(w->m[i] - mx);
+        const float alpha = sdpa__exp_nonpos(w->m[i] - mx);
         float sum = 0.0f;
         for (int j = 0; j < n_cols; j++) {
-            srow[j] = exp_nonpos(srow[j] - mx);
+            srow[j] = sdpa__exp_nonpos(srow[j] - mx);
             sum += srow[j];
         }
         for (int j = n_cols; j < BK; j++)

@@ -1,0 +1,77 @@
+/*
+ * flash_avx2.c - cpu.avx2: the tiled framework (../flash_tiled.h) with
+ * 8-lane fp32 vectors and FMA3, for x86-64 CPUs without AVX-512.
+ *
+ * Micro-kernel 4 x 3: four broadcast rows against three 8-query vectors:
+ * 12 ymm accumulators, 3 loads, 1 broadcast register (16 registers in
+ * all). Query blocks are 24 wide.
+ *
+ * exp: as in cpu.avx512 (degree-6 polynomial for 2^f, relative error
+ * <= 3e-7 on [-87, 0]); 2^n is built in the exponent bits, and inputs below
+ * -87 give exactly 0.
+ */
+#include <immintrin.h>
+
+#define VL 8
+#define QV 3
+#define MR 4
+#define KERNEL_NAME "cpu.avx2"
+typedef __m256 vec;
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_STORE(p, x) _mm256_storeu_ps((p), (x))
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_ZERO() _mm256_setzero_ps()
+#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define V_MUL(a, b) _mm256_mul_ps((a), (b))
+#define V_ADD(a, b) _mm256_add_ps((a), (b))
+#define V_MAX(a, b) _mm256_max_ps((a), (b))
+#define V_EXP(x) exp256(x)
+
+static inline __m256 exp256(__m256 x)
+{
+    const __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.5403530e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+#include "../flash_tiled.h"
+
+static int avx2_present(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
+{
+    (void)self;
+    if (host->cpu_features & SDPA_CPU_AVX2)
+        return 1;
+    sdpa__strlcpy(why,
+                  (host->cpu_features_present & SDPA_CPU_AVX2)
+                      ? "not usable here: AVX2 disabled (OS support or SDPA_MAX_ISA)"
+                      : "not usable here: this CPU has no AVX2/FMA",
+                  n);
+    return 0;
+}
+
+const sdpa_backend sdpa__backend_cpu_avx2 = {
+    .name = "cpu.avx2",
+    .summary = "tiled flash attention, AVX2+FMA fp32 micro-kernels (4 x 24)",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
+                       SDPA_DTYPE_BIT(SDPA_BF16),
+             .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
+             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
+             .cpu_features = SDPA_CPU_AVX2},
+    .fallback_rank = 20,
+    .version = SDPA_VERSION_STRING,
+    .present = avx2_present,
+    .run = tiled_run,
+};

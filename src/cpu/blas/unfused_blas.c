@@ -1,0 +1,185 @@
+/*
+ * unfused_blas.c - cpu.blas: the unfused attention a C programmer writes
+ * with OpenBLAS, kept as the in-run baseline of every CPU benchmark (and a
+ * candidate wherever it truly wins).
+ *
+ * Per (batch, head, block of BR = 256 query rows):
+ *     S = scale * Q_blk K^T      cblas_sgemm  [BR x Skv]
+ *     P = softmax(S) by rows     vectorised (compiled for AVX-512, AVX2 and
+ *                                baseline x86-64; picked per call)
+ *     O_blk = P V                cblas_sgemm  [BR x D]
+ *
+ * Costs: a BR x Skv score buffer per thread (8 MiB at Skv = 8190), and two
+ * passes over it, which is what the fused kernels avoid. f32 inputs only,
+ * with unit stride along D (sgemm's leading dimensions); other inputs are
+ * refused at run time. OpenBLAS is set to one thread (process-wide) and
+ * libsdpa's pool runs blocks in parallel, so results do not depend on the
+ * thread count.
+ */
+#include "../../core/convert.h"
+#include "../../dispatch/backend.h"
+#include "../exp_portable.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BR = 256 };
+
+/*
+ * Softmax of the first n_vis scores of a row, in place; the rest become 0.
+ * Returns the denominator l, and the max in *m. The body is compiled three
+ * times (AVX-512, AVX2, baseline) so the compiler vectorises it for each;
+ * the run picks one from the CPU features the context allows. (Not
+ * target_clones: its ifunc resolver runs before ThreadSanitizer starts.)
+ */
+#define SOFTMAX_ROW_BODY                                                                           \
+    float mx = -INFINITY;                                                                          \
+    for (int64_t j = 0; j < n_vis; j++)                                                            \
+        mx = s[j] > mx ? s[j] : mx;                                                                \
+    float sum = 0.0f;                                                                              \
+    for (int64_t j = 0; j < n_vis; j++) {                                                          \
+        s[j] = sdpa__exp_nonpos(s[j] - mx);                                                        \
+        sum += s[j];                                                                               \
+    }                                                                                              \
+    for (int64_t j = n_vis; j < n; j++)                                                            \
+        s[j] = 0.0f;                                                                               \
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;                                              \
+    for (int64_t j = 0; j < n_vis; j++)                                                            \
+        s[j] *= inv;                                                                               \
+    *m = mx;                                                                                       \
+    return sum;
+
+typedef float (*softmax_row_fn)(float *s, int64_t n, int64_t n_vis, float *m);
+
+static float softmax_row_default(float *s, int64_t n, int64_t n_vis, float *m)
+{
+    SOFTMAX_ROW_BODY
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static float softmax_row_avx2(float *s, int64_t n,
+                                                                  int64_t n_vis, float *m)
+{
+    SOFTMAX_ROW_BODY
+}
+
+__attribute__((target("avx512f"))) static float softmax_row_avx512(float *s, int64_t n,
+                                                                   int64_t n_vis, float *m)
+{
+    SOFTMAX_ROW_BODY
+}
+#endif
+
+static softmax_row_fn pick_softmax(unsigned features)
+{
+#if defined(__x86_64__)
+    if (features & SDPA_CPU_AVX512F)
+        return softmax_row_avx512;
+    if (features & SDPA_CPU_AVX2)
+        return softmax_row_avx2;
+#endif
+    (void)features;
+    return softmax_row_default;
+}
+
+typedef struct blas_job {
+    const sdpa_call *c;
+    softmax_row_fn softmax_row;
+    int64_t n_blocks;
+    float *mem; /* per worker: BR x Skv scores + BR x D output */
+    size_t per;
+} blas_job;
+
+static void blas_task(void *arg, int64_t task, int worker)
+{
+    const blas_job *j = arg;
+    const sdpa_call *c = j->c;
+    const sdpa_call_desc *d = &c->desc;
+    const int64_t blk = task % j->n_blocks, bh = task / j->n_blocks;
+    const int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / (d->Hq / d->Hkv);
+    const int64_t i0 = blk * BR, rows = d->Sq - i0 < BR ? d->Sq - i0 : BR;
+    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    const int causal = c->causal != SDPA_CAUSAL_NONE;
+    float *s = j->mem + j->per * (size_t)worker, *o = s + (size_t)BR * (size_t)d->Skv;
+
+    int64_t kv_end = d->Skv; /* keys past it are masked for the whole block */
+    if (causal) {
+        int64_t last = i0 + rows - 1 + offset;
+        kv_end = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+    }
+    const float *q = (const float *)c->q->data + sdpa__offset(c->q, b, i0, h, 0);
+    const float *k = (const float *)c->k->data + sdpa__offset(c->k, b, 0, hk, 0);
+    const float *v = (const float *)c->v->data + sdpa__offset(c->v, b, 0, hk, 0);
+    if (kv_end > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kv_end, (int)d->D,
+                    (float)c->scale, q, (int)c->q->stride[1], k, (int)c->k->stride[1], 0.0f, s,
+                    (int)kv_end);
+    float m[BR], l[BR];
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t vis = kv_end;
+        if (causal) {
+            int64_t last = i0 + r + offset;
+            vis = last < 0 ? 0 : (last + 1 < kv_end ? last + 1 : kv_end);
+        }
+        l[r] = j->softmax_row(s + r * kv_end, kv_end, vis, &m[r]);
+    }
+    if (kv_end > 0)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d->D, (int)kv_end,
+                    1.0f, s, (int)kv_end, v, (int)c->v->stride[1], 0.0f, o, (int)d->D);
+    else
+        memset(o, 0, sizeof(float) * (size_t)(rows * d->D));
+    sdpa_tensor *out = c->out;
+    for (int64_t r = 0; r < rows; r++) {
+        void *dst = (char *)out->data +
+                    sdpa__offset(out, b, i0 + r, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
+        sdpa__store_row(dst, out->dtype, out->stride[3], d->D, l[r] > 0.0f ? 1.0f : 0.0f,
+                        o + r * d->D);
+        if (c->lse)
+            c->lse[(b * d->Hq + h) * d->Sq + i0 + r] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    }
+}
+
+static pthread_once_t single_thread_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_tensor *t[3] = {c->q, c->k, c->v};
+    static const char *names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++)
+        if (t[i]->stride[3] != 1 || t[i]->stride[1] < c->desc.D || t[i]->stride[1] > INT32_MAX)
+            return sdpa__fail(SDPA_UNSUPPORTED,
+                              "cpu.blas: %s needs unit stride along D and a row stride >= D "
+                              "(sgemm leading dimension), got strides S=%lld D=%lld",
+                              names[i], (long long)t[i]->stride[1], (long long)t[i]->stride[3]);
+    if (c->desc.Skv > INT32_MAX / BR)
+        return sdpa__fail(SDPA_UNSUPPORTED, "cpu.blas: Skv %lld too long for int sgemm sizes",
+                          (long long)c->desc.Skv);
+    pthread_once(&single_thread_once, blas_single_thread);
+    const int threads = sdpa__pool_threads(c->pool);
+    blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
+                  (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
+    j.mem = malloc(sizeof(float) * j.per * (size_t)threads);
+    if (!j.mem)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.blas: cannot allocate %zu bytes of scores",
+                          sizeof(float) * j.per * (size_t)threads);
+    sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * j.n_blocks, blas_task, &j);
+    free(j.mem);
+    return SDPA_OK;
+}
+
+const sdpa_backend sdpa__backend_cpu_blas = {
+    .name = "cpu.blas",
+    .summary = "unfused baseline: OpenBLAS sgemm, softmax, sgemm in 256-row blocks",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1,
+             .gqa = 1, .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .deterministic = 1},
+    .fallback_rank = 0, /* a baseline: only rules or explicit choices name it */
+    .version = "openblas",
+    .run = blas_run,
+};

@@ -1,0 +1,74 @@
+/*
+ * ceiling.c - short probes of this machine's arithmetic peak, so that
+ * benchmarks print each figure next to the ceiling it is measured against
+ * in the same run (absolute times from different runs are not comparable
+ * on a shared machine).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "../dispatch/context.h"
+
+#include <string.h>
+#include <time.h>
+
+double sdpa__probe_fma_avx512(int64_t iters);
+double sdpa__probe_fma_avx2(int64_t iters);
+
+typedef struct probe_job {
+    double (*fn)(int64_t);
+    int64_t iters;
+} probe_job;
+
+static void probe_task(void *arg, int64_t task, int worker)
+{
+    (void)task, (void)worker;
+    const probe_job *j = arg;
+    j->fn(j->iters);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,
+                                 const char **isa)
+{
+    if (!ctx || !what || !gflops)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL",
+                          !ctx ? "ctx" : !what ? "what" : "gflops");
+    *gflops = 0;
+    if (strcmp(what, "fp32") != 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "what is '%s', expected \"fp32\"", what);
+    probe_job job = {NULL, 20000000}; /* ~30 ms per thread at 250 GFLOP/s */
+    const char *name = "none";
+#ifdef SDPA_HAVE_X86_KERNELS
+    if (ctx->host.cpu_features & SDPA_CPU_AVX512F)
+        job.fn = sdpa__probe_fma_avx512, name = "avx512";
+    else if (ctx->host.cpu_features & SDPA_CPU_AVX2)
+        job.fn = sdpa__probe_fma_avx2, name = "avx2";
+#endif
+    if (isa)
+        *isa = name;
+    if (!job.fn)
+        return sdpa__fail(SDPA_NOT_AVAILABLE, "no vector FMA probe for this CPU");
+    sdpa_pool *pool;
+    sdpa_status st = sdpa__ctx_pool(ctx, &pool);
+    if (st != SDPA_OK)
+        return st;
+    const int threads = sdpa__pool_threads(pool);
+    double flops_per_call = job.fn(1000); /* warm up, and learn FLOPs per iteration */
+    flops_per_call = flops_per_call / 1000 * (double)job.iters;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) { /* best of 5: the peak, not the noise */
+        double t0 = now_s();
+        sdpa__parallel_for(pool, threads, probe_task, &job);
+        double t = now_s() - t0;
+        double g = flops_per_call * threads / t / 1e9;
+        best = g > best ? g : best;
+    }
+    *gflops = best;
+    sdpa__clear_error();
+    return SDPA_OK;
+}

@@ -1,0 +1,36 @@
+/*
+ * exp_portable.h - e^x for x <= 0 in portable C that compilers vectorise.
+ *
+ * x = n ln2 + f ln2 with n integer and |f| <= 1/2; 2^f by its degree-6
+ * Taylor polynomial (truncation error <= 1.2e-7 relative), 2^n through the
+ * exponent bits. Within 3e-7 relative of expf on [-87, 0]; below -87 the
+ * result is a tiny normal number (~1e-38), zero for softmax purposes.
+ * The rounding trick (t + 1.5 * 2^23 - 1.5 * 2^23) needs strict IEEE
+ * evaluation: files including this must not be built with -ffast-math.
+ */
+#ifndef SDPA_EXP_PORTABLE_H
+#define SDPA_EXP_PORTABLE_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float sdpa__exp_nonpos(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504088896341f;
+    float n = (t + 12582912.0f) - 12582912.0f;
+    float f = t - n;
+    float p = 1.5403530e-4f;
+    p = p * f + 1.3333558e-3f;
+    p = p * f + 9.6181291e-3f;
+    p = p * f + 5.5504109e-2f;
+    p = p * f + 2.4022651e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#endif

@@ -1,0 +1,287 @@
+/*
+ * flash_tiled.h - the tiled flash-attention framework shared by the ISA
+ * kernels (cpu.avx512, cpu.avx2). Each ISA file defines a handful of vector
+ * macros, its exp and its micro-kernel, then includes this file, which
+ * supplies loops, packing, online softmax, threading and the backend entry.
+ * Adding an ISA means adding a micro-kernel, not a framework (as in BLIS).
+ *
+ * Layout: queries run along the vector lanes. For one block of BQ queries
+ * (QV vectors of VL lanes) and one block of BK keys:
+ *
+ *     S^T [BK][BQ] = K [BK][D] . Q^T [D][BQ]       (scale folded into Q^T)
+ *     P^T = exp(S^T - m), column by column          (m, l per query: vectors)
+ *     O^T [D][BQ] += V^T [D][BK] . P^T [BK][BQ]     (V read as V[j][d])
+ *
+ * so the row max, exp and sum of the softmax are plain element-wise vector
+ * operations with no horizontal reductions, and both products are one
+ * micro-kernel: C[MR][BQ] += A[MR][k] (broadcast) * B[k][BQ] (vectors),
+ * with A addressed by (row stride, k stride): K rows for S^T, V columns
+ * for O^T. O^T is transposed back once per query block when stored.
+ *
+ * K and V tiles are converted to f32 once per (task, KV block) and shared
+ * by the QB query blocks of the task. Extra memory per thread:
+ * QB x (2 D BQ + 2 BQ) + BK (2 D + BQ) floats, about 0.3 MiB at D = 128.
+ *
+ * The ISA file defines, before including:
+ *   VL, vec, V_LOAD, V_STORE, V_SET1, V_ZERO, V_FMA(a,b,c)=a*b+c, V_MUL,
+ *   V_ADD, V_MAX, V_EXP (e^x of a vector, x <= 0), QV (vectors per query
+ *   block), MR (micro-kernel rows), KERNEL_NAME, BACKEND_SYMBOL, the
+ *   backend's caps and present function.
+ */
+#include "../core/convert.h"
+#include "../dispatch/backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BQ (QV * VL)
+#define BK 128
+
+typedef struct qblock {
+    float *qt;    /* [D][BQ]  Q^T, scaled   */
+    float *ot;    /* [D][BQ]  O^T accumulator */
+    float *m, *l; /* [BQ]                   */
+} qblock;
+
+typedef struct workspace {
+    qblock *qb;   /* [qb_per_task] */
+    float *st;    /* [BK][BQ] S^T, then P^T */
+    float *k, *v; /* [BK][D]  */
+    float *row;   /* [D] scratch */
+} workspace;
+
+typedef struct job {
+    const sdpa_call *c;
+    int qb_per_task;
+    int64_t n_qblocks, tasks_per_head;
+    workspace *ws;
+} job;
+
+/*
+ * C[mr][BQ] (+)= sum_k A[i*rs + k*cs] * B[k][0..BQ). Inlined with a
+ * constant mr so the accumulators stay in registers.
+ */
+static inline __attribute__((always_inline)) void ukr(const int mr, int K, const float *a,
+                                                      ptrdiff_t rs, ptrdiff_t cs, const float *b,
+                                                      float *c, int accumulate)
+{
+    vec acc[MR][QV];
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < QV; v++)
+            acc[i][v] = accumulate ? V_LOAD(c + i * BQ + v * VL) : V_ZERO();
+    for (int k = 0; k < K; k++) {
+        vec bv[QV];
+        for (int v = 0; v < QV; v++)
+            bv[v] = V_LOAD(b + (ptrdiff_t)k * BQ + v * VL);
+        for (int i = 0; i < mr; i++) {
+            const vec ai = V_SET1(a[i * rs + k * cs]);
+            for (int v = 0; v < QV; v++)
+                acc[i][v] = V_FMA(ai, bv[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < QV; v++)
+            V_STORE(c + i * BQ + v * VL, acc[i][v]);
+}
+
+/* Row blocks of MR with one dispatch for the tail, so every call site sees
+ * a constant mr. */
+static void gemm_rows(int rows, int K, const float *a, ptrdiff_t rs, ptrdiff_t cs,
+                      const float *b, float *c, int accumulate)
+{
+    int i = 0;
+    for (; i + MR <= rows; i += MR)
+        ukr(MR, K, a + i * rs, rs, cs, b, c + (ptrdiff_t)i * BQ, accumulate);
+    const int t = rows - i;
+    a += i * rs, c += (ptrdiff_t)i * BQ;
+    switch (t) {
+#if MR > 7
+    case 7: ukr(7, K, a, rs, cs, b, c, accumulate); break;
+    case 6: ukr(6, K, a, rs, cs, b, c, accumulate); break;
+    case 5: ukr(5, K, a, rs, cs, b, c, accumulate); break;
+    case 4: ukr(4, K, a, rs, cs, b, c, accumulate); break;
+#endif
+    case 3: ukr(3, K, a, rs, cs, b, c, accumulate); break;
+    case 2: ukr(2, K, a, rs, cs, b, c, accumulate); break;
+    case 1: ukr(1, K, a, rs, cs, b, c, accumulate); break;
+    default: break;
+    }
+}
+
+static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb, int64_t b,
+                   int64_t h, int64_t i0, int rows)
+{
+    const sdpa_tensor *q = c->q;
+    const int64_t D = c->desc.D;
+    memset(qb->qt, 0, sizeof(float) * (size_t)D * BQ);
+    for (int r = 0; r < rows; r++) {
+        sdpa__load_row(sdpa__elem(q, sdpa__offset(q, b, i0 + r, h, 0)), q->dtype, q->stride[3],
+                       D, (float)c->scale, w->row);
+        for (int64_t d = 0; d < D; d++)
+            qb->qt[d * BQ + r] = w->row[d];
+    }
+    memset(qb->ot, 0, sizeof(float) * (size_t)D * BQ);
+    for (int r = 0; r < BQ; r++)
+        qb->m[r] = -INFINITY, qb->l[r] = 0.0f;
+}
+
+/* Masks S^T entries (key j0 + j, query i0 + r) with j0 + j > i0 + r + offset. */
+static void mask_tile(float *st, int bk, int64_t j0, int64_t i0, int64_t offset)
+{
+    for (int j = 0; j < bk; j++) {
+        /* queries r with i0 + r + offset < j0 + j are masked: r < first */
+        int64_t first = j0 + j - offset - i0;
+        int n = first <= 0 ? 0 : (first > BQ ? BQ : (int)first);
+        for (int r = 0; r < n; r++)
+            st[(ptrdiff_t)j * BQ + r] = -INFINITY;
+    }
+}
+
+/* Online softmax over a P^T tile: updates m, l and rescales O^T. */
+static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
+{
+    for (int v = 0; v < QV; v++) {
+        vec mx = V_LOAD(qb->m + v * VL);
+        for (int j = 0; j < bk; j++)
+            mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+        /* A query that has seen no key yet keeps m = -inf; subtracting 0
+         * instead keeps exp(-inf) = 0 rather than NaN. */
+        float mb[VL];
+        V_STORE(mb, mx);
+        for (int i = 0; i < VL; i++)
+            mb[i] = mb[i] == -INFINITY ? 0.0f : mb[i];
+        const vec mu = V_LOAD(mb);
+        const vec alpha = V_EXP(V_ADD(V_LOAD(qb->m + v * VL), V_MUL(mu, V_SET1(-1.0f))));
+        vec sum = V_ZERO();
+        for (int j = 0; j < bk; j++) {
+            float *p = st + (ptrdiff_t)j * BQ + v * VL;
+            const vec e = V_EXP(V_ADD(V_LOAD(p), V_MUL(mu, V_SET1(-1.0f))));
+            V_STORE(p, e);
+            sum = V_ADD(sum, e);
+        }
+        V_STORE(qb->l + v * VL, V_FMA(V_LOAD(qb->l + v * VL), alpha, sum));
+        V_STORE(qb->m + v * VL, mx);
+        for (int64_t d = 0; d < D; d++) {
+            float *o = qb->ot + d * BQ + v * VL;
+            V_STORE(o, V_MUL(V_LOAD(o), alpha));
+        }
+    }
+}
+
+static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb, int64_t b,
+                      int64_t h, int64_t i0, int rows)
+{
+    const sdpa_call_desc *d = &c->desc;
+    sdpa_tensor *out = c->out;
+    for (int r = 0; r < rows; r++) {
+        const float l = qb->l[r];
+        for (int64_t e = 0; e < d->D; e++)
+            w->row[e] = qb->ot[e * BQ + r];
+        void *dst = (char *)out->data +
+                    sdpa__offset(out, b, i0 + r, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
+        sdpa__store_row(dst, out->dtype, out->stride[3], d->D, l > 0.0f ? 1.0f / l : 0.0f,
+                        w->row);
+        if (c->lse)
+            c->lse[(b * d->Hq + h) * d->Sq + i0 + r] = l > 0.0f ? qb->m[r] + logf(l) : -INFINITY;
+    }
+}
+
+static void task_fn(void *arg, int64_t task, int worker)
+{
+    const job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const sdpa_call_desc *d = &c->desc;
+    const workspace *w = &jb->ws[worker];
+    const int64_t bh = task / jb->tasks_per_head, t = task % jb->tasks_per_head;
+    const int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / (d->Hq / d->Hkv);
+    const int64_t D = d->D;
+    const int causal = c->causal != SDPA_CAUSAL_NONE;
+    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    const int64_t qb0 = t * jb->qb_per_task;
+    const int nqb = (int)(jb->n_qblocks - qb0 < jb->qb_per_task ? jb->n_qblocks - qb0
+                                                                 : jb->qb_per_task);
+    const int64_t i_first = qb0 * BQ;
+    const int64_t i_last = (qb0 + nqb) * BQ < d->Sq ? (qb0 + nqb) * BQ - 1 : d->Sq - 1;
+    for (int q = 0; q < nqb; q++) {
+        const int64_t i0 = i_first + (int64_t)q * BQ;
+        load_q(c, w, &w->qb[q], b, h, i0, (int)(d->Sq - i0 < BQ ? d->Sq - i0 : BQ));
+    }
+    /* Keys past kv_end are masked for every query of the task. */
+    int64_t kv_end = d->Skv;
+    if (causal) {
+        int64_t last = i_last + offset;
+        kv_end = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+    }
+    const sdpa_tensor *k = c->k, *v = c->v;
+    for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
+        const int bk = (int)(kv_end - j0 < BK ? kv_end - j0 : BK);
+        for (int j = 0; j < bk; j++) {
+            sdpa__load_row(sdpa__elem(k, sdpa__offset(k, b, j0 + j, hk, 0)), k->dtype,
+                           k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
+            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, b, j0 + j, hk, 0)), v->dtype,
+                           v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
+        }
+        for (int q = 0; q < nqb; q++) {
+            const qblock *qb = &w->qb[q];
+            const int64_t i0 = i_first + (int64_t)q * BQ;
+            if (causal && j0 > i0 + BQ - 1 + offset)
+                continue; /* this query block sees none of these keys */
+            gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
+            if (causal && j0 + bk - 1 > i0 + offset)
+                mask_tile(w->st, bk, j0, i0, offset);
+            softmax_tile(w->st, bk, qb, D);
+            gemm_rows((int)D, bk, w->v, 1, D, w->st, qb->ot, 1);
+        }
+    }
+    for (int q = 0; q < nqb; q++) {
+        const int64_t i0 = i_first + (int64_t)q * BQ;
+        store_out(c, w, &w->qb[q], b, h, i0, (int)(d->Sq - i0 < BQ ? d->Sq - i0 : BQ));
+    }
+}
+
+static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_call_desc *d = &c->desc;
+    const int threads = sdpa__pool_threads(c->pool);
+    const int64_t D = d->D;
+    job jb = {c, 1, (d->Sq + BQ - 1) / BQ, 0, NULL};
+    /* Share each packed K/V tile among up to 4 query blocks, but keep at
+     * least 4 tasks per thread so that odd shapes still balance. */
+    const int64_t heads = d->B * d->Hq;
+    while (jb.qb_per_task < 4 &&
+           heads * ((jb.n_qblocks + 2 * jb.qb_per_task - 1) / (2 * jb.qb_per_task)) >=
+               4 * (int64_t)threads)
+        jb.qb_per_task *= 2;
+    jb.tasks_per_head = (jb.n_qblocks + jb.qb_per_task - 1) / jb.qb_per_task;
+    const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
+    const size_t per = per_qb * (size_t)jb.qb_per_task + (size_t)BK * BQ +
+                       (size_t)(2 * BK * D) + (size_t)D + 64;
+    float *mem = aligned_alloc(64, ((per * (size_t)threads * sizeof(float)) + 63) / 64 * 64);
+    jb.ws = calloc((size_t)threads, sizeof *jb.ws);
+    qblock *qbs = calloc((size_t)threads * (size_t)jb.qb_per_task, sizeof *qbs);
+    if (!mem || !jb.ws || !qbs) {
+        free(mem), free(jb.ws), free(qbs);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
+                          KERNEL_NAME, per * (size_t)threads * sizeof(float));
+    }
+    for (int t = 0; t < threads; t++) {
+        float *p = mem + per * (size_t)t;
+        workspace *w = &jb.ws[t];
+        w->qb = qbs + (size_t)t * (size_t)jb.qb_per_task;
+        for (int q = 0; q < jb.qb_per_task; q++) {
+            w->qb[q].qt = p, p += D * BQ;
+            w->qb[q].ot = p, p += D * BQ;
+            w->qb[q].m = p, p += BQ;
+            w->qb[q].l = p, p += BQ;
+        }
+        w->st = p, p += BK * BQ;
+        w->k = p, p += BK * D;
+        w->v = p, p += BK * D;
+        w->row = p;
+    }
+    sdpa__parallel_for(c->pool, heads * jb.tasks_per_head, task_fn, &jb);
+    free(mem), free(jb.ws), free(qbs);
+    return SDPA_OK;
+}
