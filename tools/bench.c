@@ -10,102 +10,19 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "tool.h"
-#include "../src/core/half.h"
+#include "suite.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define MAX_ROWS 256
 #define MAX_BENCH_BACKENDS 16
-
-typedef struct row {
-    char name[64];
-    sdpa_call_desc d;
-} row;
-
-static int read_suite(const char *path, row *rows, int *n_rows)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return tool_usage_error("--suite: cannot open '%s'", path);
-    char line[1024];
-    int lineno = 0, n = 0;
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        char *s = line;
-        while (*s == ' ' || *s == '\t')
-            s++;
-        if (*s == '#' || *s == '\n' || *s == '\0')
-            continue;
-        if (n == MAX_ROWS) {
-            fclose(f);
-            return tool_usage_error("%s:%d: more than %d rows", path, lineno, MAX_ROWS);
-        }
-        row *r = &rows[n];
-        memset(r, 0, sizeof *r);
-        char *save = NULL, *tok = strtok_r(s, "\t \n", &save);
-        long long v[7];
-        int ok = tok && strlen(tok) < sizeof r->name;
-        if (ok)
-            strcpy(r->name, tok);
-        for (int i = 0; i < 7 && ok; i++) {
-            tok = strtok_r(NULL, "\t \n", &save);
-            ok = tok && tool_parse_int(tok, i == 6 ? 0 : 1, i == 6 ? 1 : (1ll << 40), &v[i]);
-        }
-        if (!ok) {
-            fclose(f);
-            return tool_usage_error("%s:%d: expected name B Sq Skv Hq Hkv D causal(0|1)", path,
-                                    lineno);
-        }
-        r->d.B = v[0], r->d.Sq = v[1], r->d.Skv = v[2], r->d.Hq = v[3], r->d.Hkv = v[4];
-        r->d.D = v[5];
-        r->d.causal = v[6] ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
-        n++;
-    }
-    fclose(f);
-    if (n == 0)
-        return tool_usage_error("--suite: '%s' has no rows", path);
-    *n_rows = n;
-    return 0;
-}
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float rnd(void)
-{
-    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
-
-static void *random_tensor(sdpa_dtype t, size_t n)
-{
-    void *p = malloc((n ? n : 1) * sdpa_dtype_size(t));
-    if (!p)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        float x = rnd();
-        if (t == SDPA_F32)
-            ((float *)p)[i] = x;
-        else if (t == SDPA_F16)
-            ((uint16_t *)p)[i] = sdpa__f32_to_f16(x);
-        else
-            ((uint16_t *)p)[i] = sdpa__f32_to_bf16(x);
-    }
-    return p;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-static double flops_of(const sdpa_call_desc *d)
-{
-    double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;
-    return d->causal != SDPA_CAUSAL_NONE && d->Sq == d->Skv ? f / 2 : f;
 }
 
 /* First present candidate the dispatcher would try, or "-". */
@@ -132,19 +49,8 @@ int cmd_bench(int argc, char **argv)
         return rc;
     static row rows[MAX_ROWS];
     int n_rows = 0;
-    if (!!f[SUITE].value == !!f[SHAPE].value)
-        return tool_usage_error("bench: give exactly one of --suite FILE or --shape "
-                                "B,Sq,Skv,Hq,Hkv,D");
-    if (f[SUITE].value && (rc = read_suite(f[SUITE].value, rows, &n_rows)) != 0)
+    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
         return rc;
-    if (f[SHAPE].value) {
-        memset(&rows[0], 0, sizeof rows[0]);
-        if (!tool_parse_shape(f[SHAPE].value, &rows[0].d))
-            return tool_usage_error("--shape '%s' is not six positive integers B,Sq,Skv,Hq,Hkv,D",
-                                    f[SHAPE].value);
-        strcpy(rows[0].name, "shape");
-        n_rows = 1;
-    }
     sdpa_dtype dtype = SDPA_F32;
     if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
         return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
@@ -249,20 +155,12 @@ int cmd_bench(int argc, char **argv)
     rc = 0;
     for (int r = 0; r < n_rows && rc == 0; r++) {
         sdpa_call_desc *d = &rows[r].d;
-        const size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D);
-        const size_t nk = (size_t)(d->B * d->Skv * d->Hkv * d->D);
-        void *q = random_tensor(dtype, nq), *k = random_tensor(dtype, nk);
-        void *v = random_tensor(dtype, nk);
-        float *o = malloc(sizeof(float) * (nq ? nq : 1));
-        if (!q || !k || !v || !o) {
-            free(q), free(k), free(v), free(o);
+        problem pb;
+        if (!problem_make(&pb, d, dtype, 0)) {
             rc = tool_usage_error("row %s: out of memory for its tensors", rows[r].name);
             break;
         }
-        sdpa_tensor tq = sdpa_tensor_bshd(q, dtype, d->B, d->Sq, d->Hq, d->D);
-        sdpa_tensor tk = sdpa_tensor_bshd(k, dtype, d->B, d->Skv, d->Hkv, d->D);
-        sdpa_tensor tv = sdpa_tensor_bshd(v, dtype, d->B, d->Skv, d->Hkv, d->D);
-        sdpa_tensor to = sdpa_tensor_bshd(o, SDPA_F32, d->B, d->Sq, d->Hq, d->D);
+        sdpa_tensor tq = pb.q, tk = pb.k, tv = pb.v, to = pb.out;
         const char *chosen = dispatcher_choice(ctx, d);
         char refused[MAX_BENCH_BACKENDS][256];
         for (int b = 0; b < nb; b++) {
@@ -300,7 +198,7 @@ int cmd_bench(int argc, char **argv)
         }
         for (int b = 0; b < nb; b++) {
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
-            const double gf = refused[b][0] ? 0.0 : flops_of(d) / (med[b] * 1e6);
+            const double gf = refused[b][0] ? 0.0 : suite_flops(d) / (med[b] * 1e6);
             const double pct = ceiling > 0 ? 100.0 * gf / ceiling : 0.0;
             const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
                                                !refused[b][0]
@@ -357,7 +255,7 @@ int cmd_bench(int argc, char **argv)
                 printf("%-20s dispatcher would choose %s (not benchmarked)\n", "", chosen);
         }
         fflush(stdout);
-        free(q), free(k), free(v), free(o);
+        problem_free(&pb);
     }
     free(t);
     sdpa_context_destroy(ctx);

@@ -4,6 +4,8 @@
  *   sdpa run      attention on .npy files
  *   sdpa explain  the dispatcher's decision for a call, and why
  *   sdpa bench    interleaved timing of backends on shape suites (bench.c)
+ *   sdpa check    numerics of every backend against the reference (check.c)
+ *   sdpa ab       interleaved A/B of two backends or rule files (ab.c)
  *   sdpa info     the platform and the backends
  *
  * Errors are one line on stderr and a non-zero exit: 2 for bad usage, 1
@@ -384,6 +386,10 @@ static void usage(FILE *f)
             "           [--component NAME] [--backend NAME] [--deterministic] [--json]\n"
             "  bench    (--suite FILE | --shape B,Sq,Skv,Hq,Hkv,D) [--backends a,b,...|all]\n"
             "           [--dtype ..] [--causal ..] [--reps N] [--threads N] [--json]\n"
+            "  check    (--suite FILE | --shape ..) [--backends a,b|all] [--dtype ..] [--budget GFLOP]\n"
+            "           [--json]   numerics of every backend against the float64 reference\n"
+            "  ab       --a SPEC --b SPEC (--suite FILE | --shape ..) [--rounds N] [--dtype ..]\n"
+            "           [--json]   interleaved A/B; SPEC is backend=NAME or rules=FILE\n"
             "  info     [--platform ..]\n"
             "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_LOG, SDPA_MAX_ISA (see README.md)\n");
 }
@@ -401,6 +407,10 @@ int main(int argc, char **argv)
         return cmd_explain(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0)
         return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(cmd, "check") == 0)
+        return cmd_check(argc - 2, argv + 2);
+    if (strcmp(cmd, "ab") == 0)
+        return cmd_ab(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0)
         return cmd_info(argc - 2, argv + 2);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {

@@ -248,6 +248,34 @@ check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["backend"], f"b
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--backends", "cuda.cudnn")
 check(r.returncode != 0 and "not present" in r.stderr, f"bench absent backend: {r.stderr!r}")
 
+# ---- check: every backend within its dtype's tolerance of ref
+for dt in ("f32", "bf16"):
+    r = sdpa("check", "--shape", "2,70,45,4,2,64", "--dtype", dt, "--json")
+    check(r.returncode == 0, f"check {dt}: exit {r.returncode}: {r.stderr}")
+    recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    per_backend = [x for x in recs if "backend" in x and x.get("ok") is not None]
+    check(per_backend and all(x["ok"] and x["max_abs"] <= x["tolerance"] for x in per_backend),
+          f"check {dt}: {per_backend}")
+    check(any("max_abs_diff" in x for x in recs) or len(per_backend) < 2, f"check {dt}: no pairwise diffs")
+if smoke and os.path.exists(smoke):
+    r = sdpa("check", "--suite", smoke, "--backends", "cpu.portable")
+    check(r.returncode == 0 and "RESULT: all within tolerance" in r.stdout, f"check smoke: {r.stdout}")
+
+# ---- ab: a clear difference gets a verdict with an interval
+r = sdpa("ab", "--a", "backend=cpu.portable", "--b", "backend=ref", "--shape", "1,96,96,2,2,32",
+         "--rounds", "7")
+check(r.returncode == 0 and "verdict: B is slower" in r.stdout and "95% interval" in r.stdout,
+      f"ab portable vs ref: {r.stdout} {r.stderr}")
+with open(path("ref.rules"), "w") as f:
+    f.write("rule all-ref\ndevice cpu\ntry ref\nevidence test\n")
+r = sdpa("ab", "--a", "rules=" + path("ref.rules"), "--b", "backend=cpu.portable", "--shape",
+         "1,96,96,2,2,32", "--rounds", "5", "--json")
+recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+check(r.returncode == 0 and recs and recs[0]["a_backend"] == "ref" and recs[-1]["verdict"] == "B is faster",
+      f"ab rules arm: {r.stdout} {r.stderr}")
+r = sdpa("ab", "--a", "speed=fast", "--b", "backend=ref", "--shape", "1,8,8,1,1,8")
+check(r.returncode == 2 and "backend=NAME or rules=FILE" in r.stderr, f"ab bad spec: {r.stderr!r}")
+
 # ---- info
 check("backends" in info and "cpu.portable" in info and "cuda.cudnn" in info, f"info: {info}")
 check("cuda      none:" in info, "info says why there is no CUDA")

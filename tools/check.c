@@ -1,0 +1,213 @@
+/*
+ * check.c - `sdpa check`: numerics of every backend against the float64
+ * reference on suite shapes, and of backends against each other.
+ *
+ * Per (row, backend): max |out - ref|, relative L2 error, max |lse - ref|,
+ * and whether it is within the tolerance of the input dtype (f32 1e-4,
+ * f16 2e-3, bf16 1.6e-2: room for backends that compute in the input's
+ * precision). Rows above --budget GFLOP (default 2) are checked on fewer
+ * heads (and, for non-causal rows, fewer queries): heads and queries are
+ * independent, so the numerics per element are those of the full shape.
+ * Exit status 1 if any backend is outside its tolerance.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "suite.h"
+#include "tool.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CHECK_BACKENDS 16
+
+static double tolerance_of(sdpa_dtype t)
+{
+    return t == SDPA_F32 ? 1e-4 : t == SDPA_F16 ? 2e-3 : 1.6e-2;
+}
+
+/* Shrinks a row to about `budget` FLOPs; returns 1 if it changed. */
+static int shrink(sdpa_call_desc *d, double budget)
+{
+    int changed = 0;
+    const int64_t g = d->Hq / d->Hkv;
+    if (suite_flops(d) > budget && d->B > 1)
+        d->B = 1, changed = 1;
+    while (suite_flops(d) > budget && d->Hkv > 1) {
+        d->Hkv = (d->Hkv + 1) / 2, d->Hq = d->Hkv * g;
+        changed = 1;
+    }
+    while (suite_flops(d) > budget && d->causal == SDPA_CAUSAL_NONE && d->Sq > 64) {
+        d->Sq = (d->Sq + 1) / 2;
+        changed = 1;
+    }
+    return changed;
+}
+
+static int get_backends(sdpa_context *ctx, const char *list, const char **names, int *nb)
+{
+    *nb = 0;
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        sdpa_backend_get(ctx, i, &b);
+        int wanted;
+        if (!list || strcmp(list, "all") == 0) {
+            wanted = b.present && strcmp(b.name, "ref") != 0;
+        } else {
+            char buf[512];
+            snprintf(buf, sizeof buf, ",%s,", list);
+            char key[80];
+            snprintf(key, sizeof key, ",%s,", b.name);
+            wanted = strstr(buf, key) != NULL;
+            if (wanted && !b.present)
+                return tool_usage_error("--backends: %s is not present here: %s", b.name,
+                                        b.why_absent);
+        }
+        if (wanted && *nb < MAX_CHECK_BACKENDS)
+            names[(*nb)++] = b.name;
+    }
+    if (*nb == 0)
+        return tool_usage_error("--backends: no known backend in '%s'", list ? list : "");
+    return 0;
+}
+
+int cmd_check(int argc, char **argv)
+{
+    tool_flag f[] = {{"--suite", 1, NULL},   {"--shape", 1, NULL}, {"--backends", 1, NULL},
+                     {"--dtype", 1, NULL},   {"--budget", 1, NULL}, {"--threads", 1, NULL},
+                     {"--json", 0, NULL}};
+    enum { SUITE, SHAPE, BACKENDS, DTYPE, BUDGET, THREADS, JSON, NF };
+    int rc = tool_parse_flags(argc, argv, f, NF);
+    if (rc)
+        return rc;
+    static row rows[MAX_ROWS];
+    int n_rows;
+    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
+        return rc;
+    sdpa_dtype dtype = SDPA_F32;
+    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
+        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    long long budget = 2, threads = 0;
+    if (f[BUDGET].value && !tool_parse_int(f[BUDGET].value, 1, 100000, &budget))
+        return tool_usage_error("--budget '%s' is not GFLOP in 1..100000", f[BUDGET].value);
+    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
+        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
+    sdpa_context *ctx;
+    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+        return rc;
+    const char *names[MAX_CHECK_BACKENDS];
+    int nb;
+    if ((rc = get_backends(ctx, f[BACKENDS].value, names, &nb)) != 0) {
+        sdpa_context_destroy(ctx);
+        return rc;
+    }
+    const int json = f[JSON].value != NULL;
+    const double tol = tolerance_of(dtype);
+    if (!json)
+        printf("# sdpa check %s: every backend against ref (float64), dtype %s, tolerance "
+               "max|err| <= %g\n%-20s %-30s %-14s %10s %10s %10s  %s\n",
+               sdpa_version(), sdpa_dtype_name(dtype), tol, "row", "checked shape", "backend",
+               "max|err|", "rel L2", "lse err", "verdict");
+    int bad = 0;
+    for (int r = 0; r < n_rows; r++) {
+        sdpa_call_desc d = rows[r].d;
+        d.dtype = dtype;
+        int shrunk = shrink(&d, (double)budget * 1e9);
+        char shape[64];
+        snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld,%lld,%lld%s%s", (long long)d.B,
+                 (long long)d.Sq, (long long)d.Skv, (long long)d.Hq, (long long)d.Hkv,
+                 (long long)d.D, d.causal ? " causal" : "", shrunk ? "*" : "");
+        problem ref, got[MAX_CHECK_BACKENDS];
+        int ok_alloc = problem_make(&ref, &d, dtype, 1);
+        sdpa_params p = SDPA_PARAMS_DEFAULT;
+        p.causal = d.causal;
+        p.backend = "ref";
+        sdpa_status st = ok_alloc ? sdpa_forward(ctx, &ref.q, &ref.k, &ref.v, &ref.out, ref.lse, &p)
+                                  : SDPA_OUT_OF_MEMORY;
+        if (st != SDPA_OK) {
+            rc = tool_lib_error(rows[r].name, st);
+            problem_free(&ref);
+            break;
+        }
+        const int64_t n = d.B * d.Sq * d.Hq * d.D, nl = d.B * d.Hq * d.Sq;
+        int ran[MAX_CHECK_BACKENDS];
+        for (int b = 0; b < nb; b++) {
+            ran[b] = 0;
+            got[b] = ref; /* same inputs; own outputs */
+            got[b].out.data = malloc(sizeof(float) * (size_t)n);
+            got[b].lse = malloc(sizeof(float) * (size_t)nl);
+            if (!got[b].out.data || !got[b].lse) {
+                free(got[b].out.data), free(got[b].lse);
+                got[b].out.data = NULL, got[b].lse = NULL;
+                continue;
+            }
+            p.backend = names[b];
+            st = sdpa_forward(ctx, &got[b].q, &got[b].k, &got[b].v, &got[b].out, got[b].lse, &p);
+            if (st != SDPA_OK) {
+                if (json)
+                    printf("{\"row\":\"%s\",\"backend\":\"%s\",\"dtype\":\"%s\",\"ok\":null,"
+                           "\"refused\":\"%s\"}\n",
+                           rows[r].name, names[b], sdpa_dtype_name(dtype), sdpa_status_string(st));
+                else
+                    printf("%-20s %-30s %-14s refused: %s\n", rows[r].name, shape, names[b],
+                           sdpa_last_error());
+                continue;
+            }
+            ran[b] = 1;
+            const float *o = got[b].out.data, *w = ref.out.data;
+            double max_abs = 0, num = 0, den = 0, lse_err = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double e = fabs((double)o[i] - w[i]);
+                max_abs = !(e <= max_abs) ? (isnan(e) ? INFINITY : e) : max_abs;
+                num += e * e, den += (double)w[i] * w[i];
+            }
+            for (int64_t i = 0; i < nl; i++) {
+                if (isinf(got[b].lse[i]) || isinf(ref.lse[i])) {
+                    if (got[b].lse[i] != ref.lse[i])
+                        lse_err = INFINITY;
+                    continue;
+                }
+                double e = fabs((double)got[b].lse[i] - ref.lse[i]);
+                lse_err = !(e <= lse_err) ? (isnan(e) ? INFINITY : e) : lse_err;
+            }
+            const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+            const int ok = max_abs <= tol && lse_err <= tol;
+            bad += !ok;
+            if (json)
+                printf("{\"row\":\"%s\",\"shape\":\"%s\",\"backend\":\"%s\",\"dtype\":\"%s\","
+                       "\"max_abs\":%.3e,\"rel_l2\":%.3e,\"lse_max_abs\":%.3e,\"tolerance\":%g,"
+                       "\"ok\":%s}\n",
+                       rows[r].name, shape, names[b], sdpa_dtype_name(dtype), max_abs, rel,
+                       lse_err, tol, ok ? "true" : "false");
+            else
+                printf("%-20s %-30s %-14s %10.2e %10.2e %10.2e  %s\n", rows[r].name, shape,
+                       names[b], max_abs, rel, lse_err, ok ? "ok" : "OUTSIDE TOLERANCE");
+        }
+        for (int a = 0; a < nb; a++) /* backends against each other */
+            for (int b = a + 1; b < nb; b++) {
+                if (!ran[a] || !ran[b])
+                    continue;
+                const float *x = got[a].out.data, *y = got[b].out.data;
+                double m = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    double e = fabs((double)x[i] - y[i]);
+                    m = !(e <= m) ? (isnan(e) ? INFINITY : e) : m;
+                }
+                if (json)
+                    printf("{\"row\":\"%s\",\"a\":\"%s\",\"b\":\"%s\",\"max_abs_diff\":%.3e}\n",
+                           rows[r].name, names[a], names[b], m);
+                else
+                    printf("%-20s %-30s   %s vs %s: max|diff| %.2e\n", "", "", names[a],
+                           names[b], m);
+            }
+        for (int b = 0; b < nb; b++)
+            free(got[b].out.data), free(got[b].lse);
+        problem_free(&ref);
+        fflush(stdout);
+    }
+    if (!json && rc == 0)
+        printf("# * checked on fewer batches/heads/queries to stay within --budget %lld GFLOP "
+               "per reference call\n%s\n",
+               budget, bad ? "RESULT: some backend is outside its tolerance" : "RESULT: all within tolerance");
+    sdpa_context_destroy(ctx);
+    return rc ? rc : (bad ? 1 : 0);
+}

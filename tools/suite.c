@@ -1,0 +1,134 @@
+/* suite.c - see suite.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "suite.h"
+#include "tool.h"
+#include "../src/core/half.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int read_suite(const char *path, row *rows, int *n_rows)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return tool_usage_error("--suite: cannot open '%s'", path);
+    char line[1024];
+    int lineno = 0, n = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *s = line;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (*s == '#' || *s == '\n' || *s == '\0')
+            continue;
+        if (n == MAX_ROWS) {
+            fclose(f);
+            return tool_usage_error("%s:%d: more than %d rows", path, lineno, MAX_ROWS);
+        }
+        row *r = &rows[n];
+        memset(r, 0, sizeof *r);
+        char *save = NULL, *tok = strtok_r(s, "\t \n", &save);
+        long long v[7];
+        int ok = tok && strlen(tok) < sizeof r->name;
+        if (ok)
+            strcpy(r->name, tok);
+        for (int i = 0; i < 7 && ok; i++) {
+            tok = strtok_r(NULL, "\t \n", &save);
+            ok = tok && tool_parse_int(tok, i == 6 ? 0 : 1, i == 6 ? 1 : (1ll << 40), &v[i]);
+        }
+        if (!ok) {
+            fclose(f);
+            return tool_usage_error("%s:%d: expected name B Sq Skv Hq Hkv D causal(0|1)", path,
+                                    lineno);
+        }
+        r->d.B = v[0], r->d.Sq = v[1], r->d.Skv = v[2], r->d.Hq = v[3], r->d.Hkv = v[4];
+        r->d.D = v[5];
+        r->d.causal = v[6] ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
+        if (r->d.Hq % r->d.Hkv) {
+            fclose(f);
+            return tool_usage_error("%s:%d: Hq %lld is not a multiple of Hkv %lld", path, lineno,
+                                    v[3], v[4]);
+        }
+        n++;
+    }
+    fclose(f);
+    if (n == 0)
+        return tool_usage_error("--suite: '%s' has no rows", path);
+    *n_rows = n;
+    return 0;
+}
+
+int suite_load(const char *suite, const char *shape, row *rows, int *n_rows)
+{
+    if (!!suite == !!shape)
+        return tool_usage_error("give exactly one of --suite FILE or --shape B,Sq,Skv,Hq,Hkv,D");
+    if (suite)
+        return read_suite(suite, rows, n_rows);
+    memset(&rows[0], 0, sizeof rows[0]);
+    if (!tool_parse_shape(shape, &rows[0].d) || rows[0].d.Hq % rows[0].d.Hkv)
+        return tool_usage_error("--shape '%s' is not six positive integers B,Sq,Skv,Hq,Hkv,D "
+                                "with Hq a multiple of Hkv",
+                                shape);
+    strcpy(rows[0].name, "shape");
+    *n_rows = 1;
+    return 0;
+}
+
+double suite_flops(const sdpa_call_desc *d)
+{
+    double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;
+    return d->causal != SDPA_CAUSAL_NONE && d->Sq == d->Skv ? f / 2 : f;
+}
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float rnd(void)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static void *random_tensor(sdpa_dtype t, size_t n)
+{
+    void *p = malloc((n ? n : 1) * sdpa_dtype_size(t));
+    if (!p)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        float x = rnd();
+        if (t == SDPA_F32)
+            ((float *)p)[i] = x;
+        else if (t == SDPA_F16)
+            ((uint16_t *)p)[i] = sdpa__f32_to_f16(x);
+        else
+            ((uint16_t *)p)[i] = sdpa__f32_to_bf16(x);
+    }
+    return p;
+}
+
+int problem_make(problem *p, const sdpa_call_desc *d, sdpa_dtype dtype, int with_lse)
+{
+    memset(p, 0, sizeof *p);
+    const size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D);
+    const size_t nk = (size_t)(d->B * d->Skv * d->Hkv * d->D);
+    void *q = random_tensor(dtype, nq), *k = random_tensor(dtype, nk);
+    void *v = random_tensor(dtype, nk);
+    float *o = malloc(sizeof(float) * (nq ? nq : 1));
+    float *lse = with_lse ? malloc(sizeof(float) * (size_t)(d->B * d->Hq * d->Sq)) : NULL;
+    if (!q || !k || !v || !o || (with_lse && !lse)) {
+        free(q), free(k), free(v), free(o), free(lse);
+        return 0;
+    }
+    p->q = sdpa_tensor_bshd(q, dtype, d->B, d->Sq, d->Hq, d->D);
+    p->k = sdpa_tensor_bshd(k, dtype, d->B, d->Skv, d->Hkv, d->D);
+    p->v = sdpa_tensor_bshd(v, dtype, d->B, d->Skv, d->Hkv, d->D);
+    p->out = sdpa_tensor_bshd(o, SDPA_F32, d->B, d->Sq, d->Hq, d->D);
+    p->lse = lse;
+    return 1;
+}
+
+void problem_free(problem *p)
+{
+    free(p->q.data), free(p->k.data), free(p->v.data), free(p->out.data), free(p->lse);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,33 @@
+/*
+ * suite.h - shape suites (the .tsv files of ../shared/shapes) and the tensors a row
+ * needs, shared by `sdpa bench`, `check` and `ab`.
+ */
+#ifndef SDPA_SUITE_H
+#define SDPA_SUITE_H
+
+#include "sdpa.h"
+
+#define MAX_ROWS 256
+
+typedef struct row {
+    char name[64];
+    sdpa_call_desc d;
+} row;
+
+/* Rows from --suite FILE or --shape B,Sq,Skv,Hq,Hkv,D (exactly one given);
+ * 0, or an exit code after printing the problem. */
+int suite_load(const char *suite, const char *shape, row *rows, int *n_rows);
+
+/* 4 B Hq Sq Skv D, halved for causal with Sq == Skv. */
+double suite_flops(const sdpa_call_desc *d);
+
+/* Random inputs in [-1, 1) and an f32 output for one row, BSHD. */
+typedef struct problem {
+    sdpa_tensor q, k, v, out;
+    float *lse;
+} problem;
+
+int problem_make(problem *p, const sdpa_call_desc *d, sdpa_dtype dtype, int with_lse);
+void problem_free(problem *p);
+
+#endif
