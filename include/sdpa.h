@@ -253,7 +253,12 @@ typedef void (*sdpa_log_fn)(sdpa_log_level level, const char *message, void *use
  *   threads      CPU worker threads; 0: all online CPUs.
  *   policy_file  user rule file (precedence over the built-in rules); NULL:
  *                from SDPA_POLICY if set.
- *   ignore_env   1: do not read SDPA_BACKEND, SDPA_POLICY, SDPA_LOG.
+ *   ignore_env   1: do not read SDPA_BACKEND, SDPA_POLICY, SDPA_LOG, SDPA_MAX_ISA,
+ *                SDPA_POLICY_FOREIGN.
+ *   foreign_policy  what to do with a rule file whose `require` lines name
+ *                another CPU or libsdpa version (a tuned file from elsewhere):
+ *                0 refuse it (INVALID_ARGUMENT saying why), 1 load it with a
+ *                warning. SDPA_POLICY_FOREIGN=refuse|warn sets it too.
  * Environment values are validated: an unknown backend in SDPA_BACKEND or a
  * bad SDPA_LOG fails context creation with INVALID_ARGUMENT.
  */
@@ -265,9 +270,10 @@ typedef struct sdpa_context_options {
     int threads;
     const char *policy_file;
     int ignore_env;
+    int foreign_policy;
 } sdpa_context_options;
 
-#define SDPA_CONTEXT_OPTIONS_DEFAULT {NULL, NULL, NULL, -1, 0, NULL, 0}
+#define SDPA_CONTEXT_OPTIONS_DEFAULT {NULL, NULL, NULL, -1, 0, NULL, 0, 0}
 
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out);
 void sdpa_context_destroy(sdpa_context *ctx);
@@ -477,6 +483,71 @@ typedef struct sdpa_backend_info {
 
 int sdpa_backend_count(const sdpa_context *ctx);
 sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_info *out);
+
+/* ---------------------------------------------------------------- evidence */
+
+/* Median of x[0..n-1] (n >= 1); x is not modified. */
+double sdpa_median(const double *x, int n);
+
+typedef enum sdpa_ab_verdict {
+    SDPA_AB_TIE = 0,      /* the interval contains 1: no difference at this noise level */
+    SDPA_AB_B_FASTER = 1,
+    SDPA_AB_B_SLOWER = 2
+} sdpa_ab_verdict;
+
+typedef struct sdpa_ab_result {
+    double median_a, median_b;
+    double ratio;  /* median_b / median_a: below 1 means B is faster */
+    double lo, hi; /* 95% bootstrap interval of the ratio */
+    sdpa_ab_verdict verdict;
+} sdpa_ab_result;
+
+/*
+ * a[i] and b[i] are the times of round i, measured side by side (paired).
+ * The interval resamples rounds with replacement (2000 resamples, fixed
+ * seed: the same samples always give the same answer). A verdict other
+ * than TIE needs the interval to exclude 1 and the ratio to differ from 1
+ * by at least min_gain (0.02 = 2%).
+ */
+void sdpa_ab_compare(const double *a, const double *b, int n, double min_gain,
+                     sdpa_ab_result *out);
+const char *sdpa_ab_verdict_text(sdpa_ab_verdict v);
+
+/*
+ * The tuner: times candidate backends on rows of a shape suite, interleaved
+ * and repeated, and writes policy rules for this platform that prefer the
+ * measured winner only where it wins beyond the noise (the 95% interval of
+ * the time ratio excludes 1 and the gain is at least min_gain). Each rule
+ * matches one measured shape exactly and carries its evidence (shape,
+ * medians, ratio with interval, machine, versions, date); rows whose order
+ * stays are listed as comments, and the file says that other shapes were
+ * not measured. Its `require` lines bind it to this machine and library
+ * version (see sdpa_context_options.foreign_policy).
+ *
+ * Only CPU rows are timed in this release (the CUDA plugin comes later);
+ * CUDA rows are listed as not measured.
+ */
+typedef struct sdpa_tune_row {
+    const char *name;    /* for the rule name and evidence */
+    sdpa_call_desc desc; /* desc.backend is ignored */
+} sdpa_tune_row;
+
+typedef struct sdpa_tune_options {
+    const char *const *backends; /* candidates to time; NULL: every present one but ref */
+    int n_backends;
+    int reps;                    /* interleaved rounds; 0: 7 */
+    double min_gain;             /* 0: 0.02 */
+    double (*clock_ms)(void *user); /* NULL: the monotonic clock (tests inject a fake) */
+    void *clock_user;
+    void (*progress)(int row, int n_rows, void *user); /* NULL: silent */
+    void *progress_user;
+} sdpa_tune_options;
+
+#define SDPA_TUNE_OPTIONS_DEFAULT {NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL}
+
+/* Writes the rule file text to *rules_text (release with sdpa_free). */
+sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
+                      const sdpa_tune_options *opts, char **rules_text);
 
 /* ---------------------------------------------------------------- ceilings */
 

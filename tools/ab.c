@@ -12,7 +12,6 @@
  * interval, and a verdict.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "stats.h"
 #include "suite.h"
 #include "tool.h"
 
@@ -179,8 +178,8 @@ int cmd_ab(int argc, char **argv)
         char label[160];
         snprintf(label, sizeof label, "%s (%s vs %s)", rows[r].name, arms[0].chosen,
                  arms[1].chosen);
-        ab_result res;
-        ab_compare(ra, rb, (int)rounds, 0.0, &res);
+        sdpa_ab_result res;
+        sdpa_ab_compare(ra, rb, (int)rounds, 0.0, &res);
         if (progress)
             fprintf(stderr, "\r%40s\r", "");
         if (json)
@@ -189,24 +188,24 @@ int cmd_ab(int argc, char **argv)
                    "\"lo\":%.4f,\"hi\":%.4f,\"verdict\":\"%s\"}\n",
                    rows[r].name, f[A].value, f[B].value, arms[0].chosen, arms[1].chosen,
                    res.median_a, res.median_b, res.ratio, res.lo, res.hi,
-                   ab_verdict_text(res.verdict));
+                   sdpa_ab_verdict_text(res.verdict));
         else
             printf("%-44s %12.3f %12.3f %8.3f     [%6.3f, %6.3f]  %s\n", label, res.median_a,
-                   res.median_b, res.ratio, res.lo, res.hi, ab_verdict_text(res.verdict));
+                   res.median_b, res.ratio, res.lo, res.hi, sdpa_ab_verdict_text(res.verdict));
         fflush(stdout);
     }
-    ab_result all;
-    ab_compare(ta, tb, (int)rounds, 0.0, &all);
+    sdpa_ab_result all;
+    sdpa_ab_compare(ta, tb, (int)rounds, 0.0, &all);
     if (json)
         printf("{\"row\":\"(all)\",\"a\":\"%s\",\"b\":\"%s\",\"median_a_ms\":%.4f,"
                "\"median_b_ms\":%.4f,\"ratio\":%.4f,\"lo\":%.4f,\"hi\":%.4f,\"verdict\":\"%s\"}\n",
                f[A].value, f[B].value, all.median_a, all.median_b, all.ratio, all.lo, all.hi,
-               ab_verdict_text(all.verdict));
+               sdpa_ab_verdict_text(all.verdict));
     else
         printf("%-44s %12.3f %12.3f %8.3f     [%6.3f, %6.3f]  %s\n"
                "verdict: %s (B/A = %.3f, 95%% interval [%.3f, %.3f] over %lld rounds)\n",
                "(all rows)", all.median_a, all.median_b, all.ratio, all.lo, all.hi,
-               ab_verdict_text(all.verdict), ab_verdict_text(all.verdict), all.ratio, all.lo,
+               sdpa_ab_verdict_text(all.verdict), sdpa_ab_verdict_text(all.verdict), all.ratio, all.lo,
                all.hi, rounds);
 done:
     free(ta), free(tb), free(ra), free(rb);

@@ -6,6 +6,7 @@
  *   sdpa bench    interleaved timing of backends on shape suites (bench.c)
  *   sdpa check    numerics of every backend against the reference (check.c)
  *   sdpa ab       interleaved A/B of two backends or rule files (ab.c)
+ *   sdpa tune     policy rules from measurements (tune.c)
  *   sdpa info     the platform and the backends
  *
  * Errors are one line on stderr and a non-zero exit: 2 for bad usage, 1
@@ -390,8 +391,10 @@ static void usage(FILE *f)
             "           [--json]   numerics of every backend against the float64 reference\n"
             "  ab       --a SPEC --b SPEC (--suite FILE | --shape ..) [--rounds N] [--dtype ..]\n"
             "           [--json]   interleaved A/B; SPEC is backend=NAME or rules=FILE\n"
+            "  tune     (--suite FILE | --shape ..) --out RULES [--backends a,b] [--reps N]\n"
+            "           [--dtype ..] [--min-gain F]   rules from measurements, with evidence\n"
             "  info     [--platform ..]\n"
-            "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_LOG, SDPA_MAX_ISA (see README.md)\n");
+            "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_POLICY_FOREIGN, SDPA_LOG, SDPA_MAX_ISA (README.md)\n");
 }
 
 int main(int argc, char **argv)
@@ -409,6 +412,8 @@ int main(int argc, char **argv)
         return cmd_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "check") == 0)
         return cmd_check(argc - 2, argv + 2);
+    if (strcmp(cmd, "tune") == 0)
+        return cmd_tune(argc - 2, argv + 2);
     if (strcmp(cmd, "ab") == 0)
         return cmd_ab(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0)

@@ -38,5 +38,6 @@ int tool_parse_flags(int argc, char **argv, tool_flag *flags, int n);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_ab(int argc, char **argv);
+int cmd_tune(int argc, char **argv);
 
 #endif

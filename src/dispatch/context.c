@@ -123,12 +123,48 @@ sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out)
     return st;
 }
 
+/* A tuned file names the machine and version it was measured on; timings
+ * from elsewhere are not evidence here. */
+static sdpa_status check_foreign(const sdpa_context *ctx, const sdpa_policy *pol,
+                                 const char *origin)
+{
+    char why[256] = "";
+    char have[96], want[96];
+    if (pol->req_version[0] && strcmp(pol->req_version, SDPA_VERSION_STRING) != 0)
+        snprintf(why, sizeof why, "made for libsdpa %s, this is %s", pol->req_version,
+                 SDPA_VERSION_STRING);
+    else if (pol->req_cpu_model[0] && strcmp(pol->req_cpu_model, ctx->host.cpu_model) != 0)
+        snprintf(why, sizeof why, "made on CPU '%s', this is '%s'", pol->req_cpu_model,
+                 ctx->host.cpu_model);
+    else if (pol->has_req_isa && pol->req_isa != ctx->host.cpu_features) {
+        sdpa__isa_list(pol->req_isa, want, sizeof want);
+        sdpa__isa_list(ctx->host.cpu_features, have, sizeof have);
+        snprintf(why, sizeof why, "made for CPU features [%s], this machine has [%s]", want,
+                 have);
+    }
+    if (!why[0])
+        return SDPA_OK;
+    if (ctx->foreign_policy) {
+        sdpa__log(&ctx->log, SDPA_LOG_WARN, "%s:%d: %s; loaded anyway (foreign_policy = warn)",
+                  origin, pol->req_line, why);
+        return SDPA_OK;
+    }
+    return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                      "%s:%d: %s; re-run `sdpa tune` on this machine, or set "
+                      "SDPA_POLICY_FOREIGN=warn to load it anyway",
+                      origin, pol->req_line, why);
+}
+
 static sdpa_status install_policy(sdpa_context *ctx, const char *text, const char *origin)
 {
     sdpa_policy *pol;
     sdpa_status st = sdpa__policy_parse(text, origin, name_known, ctx, &pol);
     if (st != SDPA_OK)
         return st;
+    if ((st = check_foreign(ctx, pol, origin)) != SDPA_OK) {
+        sdpa__policy_free(pol);
+        return st;
+    }
     pthread_rwlock_wrlock(&ctx->lock);
     if (ctx->n_policies == SDPA_MAX_POLICIES + 1) {
         pthread_rwlock_unlock(&ctx->lock);
@@ -264,6 +300,12 @@ static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
         sdpa__log(&ctx->log, SDPA_LOG_INFO, "SDPA_MAX_ISA=%s: CPU features 0x%x -> 0x%x", s,
                   before, ctx->host.cpu_features);
     }
+    if (!o->ignore_env && (s = getenv("SDPA_POLICY_FOREIGN")) && *s) {
+        if (strcmp(s, "refuse") != 0 && strcmp(s, "warn") != 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "SDPA_POLICY_FOREIGN='%s' unknown, expected refuse or warn", s);
+        ctx->foreign_policy = strcmp(s, "warn") == 0;
+    }
     if (!o->ignore_env && (s = getenv("SDPA_BACKEND")) && *s) {
         if ((ctx->env_backend = sdpa__ctx_find(ctx, s)) < 0)
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
@@ -329,6 +371,7 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     sdpa_platform_detect(&ctx->host);
     ctx->platform = o->platform ? *o->platform : ctx->host;
     ctx->threads = o->threads ? o->threads : ctx->host.cpu_cores;
+    ctx->foreign_policy = o->foreign_policy != 0;
 
     sdpa_status st = SDPA_OK;
     for (int i = 0; sdpa__builtin_backends[i] && st == SDPA_OK; i++)

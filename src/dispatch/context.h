@@ -43,6 +43,7 @@ struct sdpa_context {
     _Atomic unsigned generation;
 
     int env_backend; /* SDPA_BACKEND's backend index, or -1 */
+    int foreign_policy; /* 1: load rule files made elsewhere, with a warning */
 };
 
 /* A choice fixed before any rule is consulted (levels 1-4 of the precedence). */

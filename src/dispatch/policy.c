@@ -27,6 +27,42 @@
 
 static const sdpa_range any_range = {INT64_MIN, INT64_MAX};
 
+static const struct {
+    const char *name;
+    unsigned bit;
+} isa_names[] = {{"avx2", SDPA_CPU_AVX2},         {"avx512", SDPA_CPU_AVX512F},
+                 {"avx512bf16", SDPA_CPU_AVX512BF16}, {"avx512fp16", SDPA_CPU_AVX512FP16},
+                 {"amx", SDPA_CPU_AMX_BF16},       {"neon", SDPA_CPU_NEON}};
+
+int sdpa__parse_isa_list(char *words, unsigned *out, const char **bad)
+{
+    *out = 0;
+    for (char *save = NULL, *w = strtok_r(words, " \t,", &save); w;
+         w = strtok_r(NULL, " \t,", &save)) {
+        size_t k = 0;
+        while (k < sizeof isa_names / sizeof *isa_names && strcmp(isa_names[k].name, w))
+            k++;
+        if (k == sizeof isa_names / sizeof *isa_names) {
+            *bad = w;
+            return 0;
+        }
+        *out |= isa_names[k].bit;
+    }
+    return 1;
+}
+
+void sdpa__isa_list(unsigned isa, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    for (size_t k = 0; k < sizeof isa_names / sizeof *isa_names; k++)
+        if (isa & isa_names[k].bit) {
+            size_t len = strlen(buf);
+            snprintf(buf + len, n - len, "%s%s", len ? " " : "", isa_names[k].name);
+        }
+    if (!buf[0])
+        sdpa__strlcpy(buf, "none", n);
+}
+
 static int in_range(sdpa_range r, int64_t v) { return v >= r.lo && v <= r.hi; }
 static int is_any(sdpa_range r) { return r.lo == INT64_MIN && r.hi == INT64_MAX; }
 
@@ -150,21 +186,14 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             return perr(ps, "'%s' is not a range, expected e.g. %s", raw,
                         is_cc ? "10.x, 9.0, 8.0-9.0 or >=8.0" : "91900, 91000-91001 or >=90000");
     } else if (strcmp(key, "isa") == 0) {
-        static const struct {
-            const char *name;
-            unsigned bit;
-        } isas[] = {{"avx2", SDPA_CPU_AVX2},         {"avx512", SDPA_CPU_AVX512F},
-                    {"avx512bf16", SDPA_CPU_AVX512BF16}, {"avx512fp16", SDPA_CPU_AVX512FP16},
-                    {"amx", SDPA_CPU_AMX_BF16},       {"neon", SDPA_CPU_NEON}};
         for (int i = 0; i < n; i++) {
-            size_t k = 0;
-            while (k < sizeof isas / sizeof *isas && strcmp(isas[k].name, w[i]))
-                k++;
-            if (k == sizeof isas / sizeof *isas)
+            unsigned bit;
+            const char *bad;
+            if (!sdpa__parse_isa_list(w[i], &bit, &bad))
                 return perr(ps, "isa '%s' unknown, expected avx2, avx512, avx512bf16, "
                                 "avx512fp16, amx or neon%s",
-                            w[i], "");
-            r->isa |= isas[k].bit;
+                            bad, "");
+            r->isa |= bit;
         }
     } else if (strcmp(key, "dtype") == 0) {
         for (int i = 0; i < n; i++) {
@@ -260,6 +289,36 @@ static sdpa_status rule_finish(const parser *ps, const sdpa_rule *r)
     return SDPA_OK;
 }
 
+/* require libsdpa X.Y.Z | require cpu-model NAME... | require cpu-isa LIST */
+static sdpa_status parse_require(const parser *ps, sdpa_policy *pol, char *value)
+{
+    char *what = value;
+    while (*value && !isspace((unsigned char)*value))
+        value++;
+    if (*value)
+        *value++ = '\0';
+    while (isspace((unsigned char)*value))
+        value++;
+    if (!pol->req_line)
+        pol->req_line = ps->line;
+    if (!*value)
+        return perr(ps, "'require %s' has no value%s", what, "");
+    if (strcmp(what, "libsdpa") == 0) {
+        sdpa__strlcpy(pol->req_version, value, sizeof pol->req_version);
+    } else if (strcmp(what, "cpu-model") == 0) {
+        sdpa__strlcpy(pol->req_cpu_model, value, sizeof pol->req_cpu_model);
+    } else if (strcmp(what, "cpu-isa") == 0) {
+        const char *bad = "";
+        if (strcmp(value, "none") != 0 && !sdpa__parse_isa_list(value, &pol->req_isa, &bad))
+            return perr(ps, "require cpu-isa: '%s' unknown%s", bad, "");
+        pol->has_req_isa = 1;
+    } else {
+        return perr(ps, "'require %s' unknown, expected libsdpa, cpu-model or cpu-isa%s", what,
+                    "");
+    }
+    return SDPA_OK;
+}
+
 sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_known_fn known,
                                void *user, sdpa_policy **out)
 {
@@ -324,6 +383,10 @@ sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_k
                 pol->rules = nr, cap = ncap;
             }
             rule_init(&pol->rules[pol->n++], s, &ps);
+            continue;
+        }
+        if (pol->n == 0 && strcmp(key, "require") == 0) {
+            st = parse_require(&ps, pol, s);
             continue;
         }
         if (pol->n == 0) {

@@ -37,7 +37,18 @@ typedef struct sdpa_rule {
 typedef struct sdpa_policy {
     int n;
     sdpa_rule *rules;
+    /* `require` lines: the machine and library a tuned file was made on. */
+    char req_cpu_model[64];
+    int has_req_isa;
+    unsigned req_isa;
+    char req_version[32];
+    int req_line; /* first require line, for messages */
 } sdpa_policy;
+
+/* Parses an ISA list ("avx2 avx512 amx") into SDPA_CPU_* bits; 0 on an unknown word. */
+int sdpa__parse_isa_list(char *words, unsigned *out, const char **bad);
+/* Writes the ISA bits as that list. */
+void sdpa__isa_list(unsigned isa, char *buf, size_t n);
 
 /* Is `name` a backend this policy may name? */
 typedef int (*sdpa_name_known_fn)(const char *name, void *user);

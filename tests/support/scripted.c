@@ -2,6 +2,7 @@
 #include "scripted.h"
 #include "dispatch/context.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,10 +18,24 @@ static int scripted_check(const sdpa_backend *self, const sdpa_call_desc *d,
     return 1;
 }
 
+static double fake_now;
+static uint64_t fake_rng = 88172645463325252ull;
+
+double scripted_clock_ms(void *user)
+{
+    (void)user;
+    return fake_now;
+}
+
 static sdpa_status scripted_run(const sdpa_backend *self, const sdpa_call *call)
 {
     scripted *s = self->state;
     atomic_fetch_add(&s->runs, 1);
+    if (s->cost_ms > 0) {
+        fake_rng ^= fake_rng << 13, fake_rng ^= fake_rng >> 7, fake_rng ^= fake_rng << 17;
+        double u = (double)(fake_rng >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+        fake_now += s->cost_ms * (1.0 + s->jitter * u);
+    }
     if (s->run_status != SDPA_OK)
         return sdpa__fail(s->run_status, "%s: scripted %s", self->name,
                           sdpa_status_string(s->run_status));

@@ -18,7 +18,12 @@ typedef struct scripted {
     int no_lse;              /* 1: declares no LSE output                         */
     int cuda;                /* 1: a CUDA backend (decisions only)                */
     _Atomic int runs;        /* how many times run() was entered                  */
+    double cost_ms;          /* advances scripted_clock_ms by this much per run   */
+    double jitter;           /* ... times (1 + jitter * u), u uniform in [-1, 1)  */
 } scripted;
+
+/* A fake clock for the tuner: advanced only by scripted runs. */
+double scripted_clock_ms(void *user);
 
 /* Registers a scripted backend named `name` with ctx. */
 sdpa_status scripted_add(sdpa_context *ctx, const char *name, scripted *script);

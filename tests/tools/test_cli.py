@@ -276,6 +276,24 @@ check(r.returncode == 0 and recs and recs[0]["a_backend"] == "ref" and recs[-1][
 r = sdpa("ab", "--a", "speed=fast", "--b", "backend=ref", "--shape", "1,8,8,1,1,8")
 check(r.returncode == 2 and "backend=NAME or rules=FILE" in r.stderr, f"ab bad spec: {r.stderr!r}")
 
+# ---- tune: a rule file with evidence that SDPA_POLICY installs; foreign files refused
+r = sdpa("tune", "--shape", "1,48,48,2,2,32", "--reps", "3", "--out", path("tuned.rules"))
+check(r.returncode == 0 and os.path.exists(path("tuned.rules")), f"tune: {r.stderr}")
+tuned = open(path("tuned.rules")).read() if os.path.exists(path("tuned.rules")) else ""
+check("require cpu-model" in tuned and ("\nrule tuned-" in tuned or "order kept" in tuned),
+      f"tune output: {tuned}")
+r = sdpa("explain", "--shape", "1,48,48,2,2,32", env={"SDPA_POLICY": path("tuned.rules")})
+check(r.returncode == 0, f"tuned rules load: {r.stderr}")
+with open(path("foreign.rules"), "w") as f:
+    f.write(tuned.replace("require cpu-model ", "require cpu-model Other "))
+r = sdpa("explain", "--shape", "1,48,48,2,2,32", env={"SDPA_POLICY": path("foreign.rules")})
+check(r.returncode != 0 and "made on CPU 'Other" in r.stderr, f"foreign refused: {r.stderr!r}")
+r = sdpa("explain", "--shape", "1,48,48,2,2,32",
+         env={"SDPA_POLICY": path("foreign.rules"), "SDPA_POLICY_FOREIGN": "warn"})
+check(r.returncode == 0 and "loaded anyway" in r.stderr, f"foreign with warn: {r.stderr!r}")
+r = sdpa("tune", "--shape", "1,48,48,2,2,32")
+check(r.returncode == 2 and "--out" in r.stderr, f"tune without --out: {r.stderr!r}")
+
 # ---- info
 check("backends" in info and "cpu.portable" in info and "cuda.cudnn" in info, f"info: {info}")
 check("cuda      none:" in info, "info says why there is no CUDA")

@@ -3,7 +3,6 @@
  * clear loss, a tie within noise, and a win too small to matter.
  */
 #include "support/testlib.h"
-#include "stats.h"
 
 #include <math.h>
 
@@ -20,36 +19,36 @@ int main(void)
 {
     tl_seed_from_env();
     double a[41], b[41];
-    ab_result r;
+    sdpa_ab_result r;
 
-    CHECK(stats_median((const double[]){3, 1, 2}, 3) == 2.0, "odd median");
-    CHECK(stats_median((const double[]){4, 1, 3, 2}, 4) == 2.5, "even median");
+    CHECK(sdpa_median((const double[]){3, 1, 2}, 3) == 2.0, "odd median");
+    CHECK(sdpa_median((const double[]){4, 1, 3, 2}, 4) == 2.5, "even median");
 
     samples(a, b, 21, 0.80, 0.02);
-    ab_compare(a, b, 21, 0.0, &r);
-    CHECK(r.verdict == AB_B_FASTER, "clear win: %s, ratio %.3f [%.3f, %.3f]",
-          ab_verdict_text(r.verdict), r.ratio, r.lo, r.hi);
+    sdpa_ab_compare(a, b, 21, 0.0, &r);
+    CHECK(r.verdict == SDPA_AB_B_FASTER, "clear win: %s, ratio %.3f [%.3f, %.3f]",
+          sdpa_ab_verdict_text(r.verdict), r.ratio, r.lo, r.hi);
     CHECK(r.lo <= r.ratio && r.ratio <= r.hi && r.hi < 1.0, "interval [%.3f, %.3f] around %.3f",
           r.lo, r.hi, r.ratio);
 
     samples(a, b, 21, 1.25, 0.02);
-    ab_compare(a, b, 21, 0.0, &r);
-    CHECK(r.verdict == AB_B_SLOWER, "clear loss: %s, ratio %.3f [%.3f, %.3f]",
-          ab_verdict_text(r.verdict), r.ratio, r.lo, r.hi);
+    sdpa_ab_compare(a, b, 21, 0.0, &r);
+    CHECK(r.verdict == SDPA_AB_B_SLOWER, "clear loss: %s, ratio %.3f [%.3f, %.3f]",
+          sdpa_ab_verdict_text(r.verdict), r.ratio, r.lo, r.hi);
 
     samples(a, b, 21, 1.00, 0.10);
-    ab_compare(a, b, 21, 0.0, &r);
-    CHECK(r.verdict == AB_TIE && r.lo < 1.0 && r.hi > 1.0, "tie: %s, ratio %.3f [%.3f, %.3f]",
-          ab_verdict_text(r.verdict), r.ratio, r.lo, r.hi);
+    sdpa_ab_compare(a, b, 21, 0.0, &r);
+    CHECK(r.verdict == SDPA_AB_TIE && r.lo < 1.0 && r.hi > 1.0, "tie: %s, ratio %.3f [%.3f, %.3f]",
+          sdpa_ab_verdict_text(r.verdict), r.ratio, r.lo, r.hi);
 
     samples(a, b, 41, 0.99, 0.001); /* real but below a 2% minimum gain */
-    ab_compare(a, b, 41, 0.02, &r);
-    CHECK(r.verdict == AB_TIE, "1%% gain with min_gain 2%%: %s", ab_verdict_text(r.verdict));
-    ab_compare(a, b, 41, 0.0, &r);
-    CHECK(r.verdict == AB_B_FASTER, "1%% gain without a minimum: %s", ab_verdict_text(r.verdict));
+    sdpa_ab_compare(a, b, 41, 0.02, &r);
+    CHECK(r.verdict == SDPA_AB_TIE, "1%% gain with min_gain 2%%: %s", sdpa_ab_verdict_text(r.verdict));
+    sdpa_ab_compare(a, b, 41, 0.0, &r);
+    CHECK(r.verdict == SDPA_AB_B_FASTER, "1%% gain without a minimum: %s", sdpa_ab_verdict_text(r.verdict));
 
-    ab_result r2; /* deterministic for the same samples */
-    ab_compare(a, b, 41, 0.0, &r2);
+    sdpa_ab_result r2; /* deterministic for the same samples */
+    sdpa_ab_compare(a, b, 41, 0.0, &r2);
     CHECK(r.lo == r2.lo && r.hi == r2.hi, "bootstrap is reproducible");
     return tl_finish();
 }

@@ -1,5 +1,8 @@
-/* stats.c - see stats.h. */
-#include "stats.h"
+/*
+ * stats.c - medians and a paired bootstrap interval for the ratio of two
+ * arms' medians: the statistics behind `sdpa ab` and the tuner.
+ */
+#include "../core/core.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +13,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-double stats_median(const double *x, int n)
+double sdpa_median(const double *x, int n)
 {
     double small[64], *tmp = n <= 64 ? small : malloc(sizeof(double) * (size_t)n);
     if (!tmp)
@@ -23,12 +26,13 @@ double stats_median(const double *x, int n)
     return m;
 }
 
-void ab_compare(const double *a, const double *b, int n, double min_gain, ab_result *out)
+void sdpa_ab_compare(const double *a, const double *b, int n, double min_gain,
+                     sdpa_ab_result *out)
 {
     enum { RESAMPLES = 2000 };
     memset(out, 0, sizeof *out);
-    out->median_a = stats_median(a, n);
-    out->median_b = stats_median(b, n);
+    out->median_a = sdpa_median(a, n);
+    out->median_b = sdpa_median(b, n);
     out->ratio = out->median_b / out->median_a;
     double *ra = malloc(sizeof(double) * (size_t)n), *rb = malloc(sizeof(double) * (size_t)n);
     double *ratios = malloc(sizeof(double) * RESAMPLES);
@@ -44,26 +48,26 @@ void ab_compare(const double *a, const double *b, int n, double min_gain, ab_res
             int k = (int)(s % (uint64_t)n);
             ra[i] = a[k], rb[i] = b[k];
         }
-        ratios[r] = stats_median(rb, n) / stats_median(ra, n);
+        ratios[r] = sdpa_median(rb, n) / sdpa_median(ra, n);
     }
     qsort(ratios, RESAMPLES, sizeof(double), cmp_double);
     out->lo = ratios[(int)(0.025 * RESAMPLES)];
     out->hi = ratios[(int)(0.975 * RESAMPLES) - 1];
     if (out->hi < 1.0 && out->ratio <= 1.0 - min_gain)
-        out->verdict = AB_B_FASTER;
+        out->verdict = SDPA_AB_B_FASTER;
     else if (out->lo > 1.0 && out->ratio >= 1.0 + min_gain)
-        out->verdict = AB_B_SLOWER;
+        out->verdict = SDPA_AB_B_SLOWER;
     else
-        out->verdict = AB_TIE;
+        out->verdict = SDPA_AB_TIE;
     free(ra), free(rb), free(ratios);
 }
 
-const char *ab_verdict_text(ab_verdict v)
+const char *sdpa_ab_verdict_text(sdpa_ab_verdict v)
 {
     switch (v) {
-    case AB_B_FASTER: return "B is faster";
-    case AB_B_SLOWER: return "B is slower";
-    case AB_TIE: return "no difference at this noise level";
+    case SDPA_AB_B_FASTER: return "B is faster";
+    case SDPA_AB_B_SLOWER: return "B is slower";
+    case SDPA_AB_TIE: return "no difference at this noise level";
     }
     return "?";
 }

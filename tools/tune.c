@@ -1,0 +1,105 @@
+/*
+ * tune.c - `sdpa tune --suite FILE --out rules.txt`: measures the
+ * candidates on each row (sdpa_tune) and writes the rule file, which can be
+ * installed with SDPA_POLICY=rules.txt. Progress on a terminal only.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "suite.h"
+#include "tool.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void progress(int index, int n_rows, void *user)
+{
+    const row *rows = user;
+    fprintf(stderr, "\r  tuning row %d/%d %-24s", index + 1, n_rows, rows[index].name);
+}
+
+int cmd_tune(int argc, char **argv)
+{
+    tool_flag f[] = {{"--suite", 1, NULL}, {"--shape", 1, NULL},   {"--backends", 1, NULL},
+                     {"--reps", 1, NULL},  {"--dtype", 1, NULL},   {"--threads", 1, NULL},
+                     {"--out", 1, NULL},   {"--min-gain", 1, NULL}};
+    enum { SUITE, SHAPE, BACKENDS, REPS, DTYPE, THREADS, OUT, MIN_GAIN, NF };
+    int rc = tool_parse_flags(argc, argv, f, NF);
+    if (rc)
+        return rc;
+    if (!f[OUT].value)
+        return tool_usage_error("tune: --out FILE is required");
+    static row rows[MAX_ROWS];
+    int n_rows;
+    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
+        return rc;
+    sdpa_dtype dtype = SDPA_F32;
+    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
+        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    long long reps = 7, threads = 0;
+    if (f[REPS].value && !tool_parse_int(f[REPS].value, 3, 1000, &reps))
+        return tool_usage_error("--reps '%s' is not a number in 3..1000", f[REPS].value);
+    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
+        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
+    double min_gain = 0.02;
+    if (f[MIN_GAIN].value) {
+        char *end;
+        min_gain = strtod(f[MIN_GAIN].value, &end);
+        if (*end || end == f[MIN_GAIN].value || min_gain <= 0 || min_gain >= 1)
+            return tool_usage_error("--min-gain '%s' is not a fraction in (0, 1)",
+                                    f[MIN_GAIN].value);
+    }
+    static sdpa_tune_row trows[MAX_ROWS];
+    for (int r = 0; r < n_rows; r++) {
+        trows[r].name = rows[r].name;
+        trows[r].desc = rows[r].d;
+        trows[r].desc.dtype = dtype;
+    }
+    const char *names[32];
+    int nb = 0;
+    char list[512];
+    if (f[BACKENDS].value) {
+        if (strlen(f[BACKENDS].value) >= sizeof list)
+            return tool_usage_error("--backends list too long");
+        strcpy(list, f[BACKENDS].value);
+        char *save = NULL;
+        for (char *tok = strtok_r(list, ",", &save); tok && nb < 32; tok = strtok_r(NULL, ",", &save))
+            names[nb++] = tok;
+    }
+    sdpa_context *ctx;
+    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+        return rc;
+    sdpa_tune_options o = SDPA_TUNE_OPTIONS_DEFAULT;
+    o.backends = nb ? names : NULL;
+    o.n_backends = nb;
+    o.reps = (int)reps;
+    o.min_gain = min_gain;
+    if (isatty(2)) {
+        o.progress = progress;
+        o.progress_user = rows;
+    }
+    char *text = NULL;
+    sdpa_status st = sdpa_tune(ctx, trows, n_rows, &o, &text);
+    if (o.progress)
+        fprintf(stderr, "\r%60s\r", "");
+    if (st != SDPA_OK) {
+        rc = tool_lib_error("tune", st);
+    } else {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", f[OUT].value, (long)getpid());
+        FILE *out = fopen(tmp, "w");
+        int ok = out && fputs(text, out) >= 0;
+        ok = (out && fclose(out) == 0) && ok;
+        if (!ok || rename(tmp, f[OUT].value) != 0) {
+            int e = errno;
+            unlink(tmp);
+            rc = tool_usage_error("--out: cannot write '%s': %s", f[OUT].value, strerror(e));
+        } else {
+            fputs(text, stdout);
+            printf("# written to %s; install with SDPA_POLICY=%s\n", f[OUT].value, f[OUT].value);
+        }
+    }
+    sdpa_free(text);
+    sdpa_context_destroy(ctx);
+    return rc;
+}
