@@ -262,14 +262,15 @@ if smoke and os.path.exists(smoke):
     check(r.returncode == 0 and "RESULT: all within tolerance" in r.stdout, f"check smoke: {r.stdout}")
 
 # ---- ab: a clear difference gets a verdict with an interval
+# ctest runs tests in parallel: 15 rounds on one thread keep a 6x gap clear of that noise
 r = sdpa("ab", "--a", "backend=cpu.portable", "--b", "backend=ref", "--shape", "1,96,96,2,2,32",
-         "--rounds", "7")
+         "--rounds", "15", "--threads", "1")
 check(r.returncode == 0 and "verdict: B is slower" in r.stdout and "95% interval" in r.stdout,
       f"ab portable vs ref: {r.stdout} {r.stderr}")
 with open(path("ref.rules"), "w") as f:
     f.write("rule all-ref\ndevice cpu\ntry ref\nevidence test\n")
 r = sdpa("ab", "--a", "rules=" + path("ref.rules"), "--b", "backend=cpu.portable", "--shape",
-         "1,96,96,2,2,32", "--rounds", "5", "--json")
+         "1,96,96,2,2,32", "--rounds", "15", "--threads", "1", "--json")
 recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
 check(r.returncode == 0 and recs and recs[0]["a_backend"] == "ref" and recs[-1]["verdict"] == "B is faster",
       f"ab rules arm: {r.stdout} {r.stderr}")
