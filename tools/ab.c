@@ -111,24 +111,21 @@ int cmd_ab(int argc, char **argv)
     if (f[DIT].value)
         return tool_usage_error("ab: --dit needs `sdpa dit`, which this release does not have yet");
     static row rows[MAX_ROWS];
-    int n_rows;
-    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
+    int n_rows, threads;
+    sdpa_dtype dtype;
+    if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value, f[THREADS].value, rows,
+                         &n_rows, &dtype, &threads)) != 0)
         return rc;
-    long long rounds = 9, threads = 0;
+    long long rounds = 9;
     if (f[ROUNDS].value && !tool_parse_int(f[ROUNDS].value, 3, 10000, &rounds))
         return tool_usage_error("--rounds '%s' is not a number in 3..10000", f[ROUNDS].value);
-    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
-        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
-    sdpa_dtype dtype = SDPA_F32;
-    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
-        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
     arm arms[2];
     memset(arms, 0, sizeof arms);
     sdpa_context *runner = NULL;
-    if ((rc = tool_context(NULL, (int)threads, &runner)) != 0)
+    if ((rc = tool_context(NULL, threads, &runner)) != 0)
         return rc;
-    if ((rc = arm_open(&arms[0], f[A].value, (int)threads, "--a")) != 0 ||
-        (rc = arm_open(&arms[1], f[B].value, (int)threads, "--b")) != 0) {
+    if ((rc = arm_open(&arms[0], f[A].value, threads, "--a")) != 0 ||
+        (rc = arm_open(&arms[1], f[B].value, threads, "--b")) != 0) {
         sdpa_context_destroy(arms[0].ctx), sdpa_context_destroy(arms[1].ctx);
         sdpa_context_destroy(runner);
         return rc;
@@ -153,7 +150,6 @@ int cmd_ab(int argc, char **argv)
             goto done;
         }
         double ms;
-        d->dtype = dtype;
         for (int k = 0; k < 2 && rc == 0; k++) { /* choose, warm up, catch refusals */
             if ((rc = arm_choose(&arms[k], d)) != 0)
                 break;

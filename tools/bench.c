@@ -48,29 +48,24 @@ int cmd_bench(int argc, char **argv)
     if (rc)
         return rc;
     static row rows[MAX_ROWS];
-    int n_rows = 0;
-    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
+    int n_rows, threads;
+    sdpa_dtype dtype;
+    if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value, f[THREADS].value, rows,
+                         &n_rows, &dtype, &threads)) != 0)
         return rc;
-    sdpa_dtype dtype = SDPA_F32;
-    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
-        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
     sdpa_causal causal = SDPA_CAUSAL_NONE;
     if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &causal))
         return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
                                 f[CAUSAL].value);
-    long long reps = 5, threads = 0;
+    long long reps = 5;
     if (f[REPS].value && !tool_parse_int(f[REPS].value, 1, 1000, &reps))
         return tool_usage_error("--reps '%s' is not a number in 1..1000", f[REPS].value);
-    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
-        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
-    for (int r = 0; r < n_rows; r++) {
-        rows[r].d.dtype = dtype;
+    for (int r = 0; r < n_rows; r++)
         if (f[CAUSAL].value)
             rows[r].d.causal = causal;
-    }
 
     sdpa_context *ctx;
-    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+    if ((rc = tool_context(NULL, threads, &ctx)) != 0)
         return rc;
     const char *names[MAX_BENCH_BACKENDS];
     int nb = 0;

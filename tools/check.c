@@ -80,19 +80,16 @@ int cmd_check(int argc, char **argv)
     if (rc)
         return rc;
     static row rows[MAX_ROWS];
-    int n_rows;
-    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
+    int n_rows, threads;
+    sdpa_dtype dtype;
+    if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value, f[THREADS].value, rows,
+                         &n_rows, &dtype, &threads)) != 0)
         return rc;
-    sdpa_dtype dtype = SDPA_F32;
-    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
-        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
-    long long budget = 2, threads = 0;
+    long long budget = 2;
     if (f[BUDGET].value && !tool_parse_int(f[BUDGET].value, 1, 100000, &budget))
         return tool_usage_error("--budget '%s' is not GFLOP in 1..100000", f[BUDGET].value);
-    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
-        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
     sdpa_context *ctx;
-    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+    if ((rc = tool_context(NULL, threads, &ctx)) != 0)
         return rc;
     const char *names[MAX_CHECK_BACKENDS];
     int nb;
@@ -110,7 +107,6 @@ int cmd_check(int argc, char **argv)
     int bad = 0;
     for (int r = 0; r < n_rows; r++) {
         sdpa_call_desc d = rows[r].d;
-        d.dtype = dtype;
         int shrunk = shrink(&d, (double)budget * 1e9);
         char shape[64];
         snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld,%lld,%lld%s%s", (long long)d.B,

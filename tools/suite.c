@@ -75,6 +75,24 @@ int suite_load(const char *suite, const char *shape, row *rows, int *n_rows)
     return 0;
 }
 
+int suite_args(const char *suite, const char *shape, const char *dtype_arg,
+               const char *threads_arg, row *rows, int *n_rows, sdpa_dtype *dtype, int *threads)
+{
+    int rc = suite_load(suite, shape, rows, n_rows);
+    if (rc)
+        return rc;
+    *dtype = SDPA_F32;
+    if (dtype_arg && !tool_parse_dtype(dtype_arg, dtype))
+        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", dtype_arg);
+    long long t = 0;
+    if (threads_arg && !tool_parse_int(threads_arg, 1, 1024, &t))
+        return tool_usage_error("--threads '%s' is not a number in 1..1024", threads_arg);
+    *threads = (int)t;
+    for (int r = 0; r < *n_rows; r++)
+        rows[r].d.dtype = *dtype;
+    return 0;
+}
+
 double suite_flops(const sdpa_call_desc *d)
 {
     double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;

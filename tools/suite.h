@@ -18,6 +18,14 @@ typedef struct row {
  * 0, or an exit code after printing the problem. */
 int suite_load(const char *suite, const char *shape, row *rows, int *n_rows);
 
+/*
+ * The arguments every suite command shares: rows (--suite or --shape),
+ * --dtype (default f32, also written into each row) and --threads (0: all).
+ * Values may be NULL when the flag was not given. 0, or an exit code.
+ */
+int suite_args(const char *suite, const char *shape, const char *dtype_arg,
+               const char *threads_arg, row *rows, int *n_rows, sdpa_dtype *dtype, int *threads);
+
 /* 4 B Hq Sq Skv D, halved for causal with Sq == Skv. */
 double suite_flops(const sdpa_call_desc *d);
 

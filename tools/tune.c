@@ -30,17 +30,14 @@ int cmd_tune(int argc, char **argv)
     if (!f[OUT].value)
         return tool_usage_error("tune: --out FILE is required");
     static row rows[MAX_ROWS];
-    int n_rows;
-    if ((rc = suite_load(f[SUITE].value, f[SHAPE].value, rows, &n_rows)) != 0)
+    int n_rows, threads;
+    sdpa_dtype dtype;
+    if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value, f[THREADS].value, rows,
+                         &n_rows, &dtype, &threads)) != 0)
         return rc;
-    sdpa_dtype dtype = SDPA_F32;
-    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
-        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
-    long long reps = 7, threads = 0;
+    long long reps = 7;
     if (f[REPS].value && !tool_parse_int(f[REPS].value, 3, 1000, &reps))
         return tool_usage_error("--reps '%s' is not a number in 3..1000", f[REPS].value);
-    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
-        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
     double min_gain = 0.02;
     if (f[MIN_GAIN].value) {
         char *end;
@@ -53,7 +50,6 @@ int cmd_tune(int argc, char **argv)
     for (int r = 0; r < n_rows; r++) {
         trows[r].name = rows[r].name;
         trows[r].desc = rows[r].d;
-        trows[r].desc.dtype = dtype;
     }
     const char *names[32];
     int nb = 0;
@@ -67,7 +63,7 @@ int cmd_tune(int argc, char **argv)
             names[nb++] = tok;
     }
     sdpa_context *ctx;
-    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+    if ((rc = tool_context(NULL, threads, &ctx)) != 0)
         return rc;
     sdpa_tune_options o = SDPA_TUNE_OPTIONS_DEFAULT;
     o.backends = nb ? names : NULL;

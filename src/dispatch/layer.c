@@ -110,6 +110,20 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
                       skipped[0] ? skipped : "no candidates");
 }
 
+/* A fresh decision, then run: one-shot calls and per-call explicit choices. */
+static sdpa_status decide_and_run(sdpa_context *ctx, sdpa_layer *layer, const char *name,
+                                  sdpa_call *call)
+{
+    sdpa_decision dec;
+    int cand[SDPA_MAX_CANDIDATES];
+    sdpa_status st = sdpa__decide(ctx, &call->desc, NULL, &dec, cand);
+    if (st != SDPA_OK)
+        return st;
+    if (dec.status != SDPA_OK)
+        return sdpa__fail(dec.status, "%s: %s", name, dec.error);
+    return run_candidates(ctx, layer, name, call, cand, dec.n_candidates, dec.source);
+}
+
 sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                          const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                          const sdpa_params *params)
@@ -120,14 +134,9 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
     sdpa_status st = sdpa__call_prepare(q, k, v, out, lse, params, &call);
     if (st != SDPA_OK)
         return st;
-    sdpa_decision dec;
-    int cand[SDPA_MAX_CANDIDATES];
-    if ((st = sdpa__decide(ctx, &call.desc, NULL, &dec, cand)) != SDPA_OK)
-        return st;
-    if (dec.status != SDPA_OK)
-        return sdpa__fail(dec.status, "%s", dec.error);
-    const char *name = params && params->layer_name ? params->layer_name : "sdpa_forward";
-    return run_candidates(ctx, NULL, name, &call, cand, dec.n_candidates, dec.source);
+    return decide_and_run(ctx, NULL,
+                          params && params->layer_name ? params->layer_name : "sdpa_forward",
+                          &call);
 }
 
 /* ---- layers */
@@ -262,15 +271,8 @@ sdpa_status sdpa_layer_forward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_t
         return st;
     call.desc.component = l->component[0] ? l->component : NULL;
     call.desc.quant = l->quant[0] ? l->quant : NULL;
-    if (call.desc.backend) { /* per-call explicit choice: not cached */
-        sdpa_decision dec;
-        int cand[SDPA_MAX_CANDIDATES];
-        if ((st = sdpa__decide(l->ctx, &call.desc, NULL, &dec, cand)) != SDPA_OK)
-            return st;
-        if (dec.status != SDPA_OK)
-            return sdpa__fail(dec.status, "layer '%s': %s", l->name, dec.error);
-        return run_candidates(l->ctx, l, l->name, &call, cand, dec.n_candidates, dec.source);
-    }
+    if (call.desc.backend) /* per-call explicit choice: not cached */
+        return decide_and_run(l->ctx, l, l->name, &call);
     cache_entry e;
     if ((st = layer_decision(l, &call.desc, &e)) != SDPA_OK)
         return st;
