@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # deps.sh - installs what building and testing libsdpa needs, only where it
 # is missing: a C compiler, CMake, Python 3 with NumPy (for the CLI tests),
-# OpenBLAS (for the cpu.blas baseline; libsdpa builds without it).
+# OpenBLAS (the cpu.blas baseline) and libpng (`sdpa dit` images); libsdpa
+# builds without those two, leaving out what needs them.
 set -euo pipefail
 missing=()
 command -v cc >/dev/null || command -v gcc >/dev/null || missing+=(gcc)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v make >/dev/null || missing+=(make)
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
-if command -v dpkg >/dev/null && ! dpkg -s libopenblas-dev >/dev/null 2>&1; then
-  missing+=(libopenblas-dev)
-fi
+for pkg in libopenblas-dev libpng-dev; do
+  if command -v dpkg >/dev/null && ! dpkg -s "$pkg" >/dev/null 2>&1; then
+    missing+=("$pkg")
+  fi
+done
 if ((${#missing[@]})); then
   echo "deps: installing ${missing[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

@@ -7,6 +7,7 @@
  *   sdpa check    numerics of every backend against the reference (check.c)
  *   sdpa ab       interleaved A/B of two backends or rule files (ab.c)
  *   sdpa tune     policy rules from measurements (tune.c)
+ *   sdpa dit      a small diffusion transformer end to end (dit.c, image.c)
  *   sdpa info     the platform and the backends
  *
  * Errors are one line on stderr and a non-zero exit: 2 for bad usage, 1
@@ -393,6 +394,8 @@ static void usage(FILE *f)
             "           [--json]   interleaved A/B; SPEC is backend=NAME or rules=FILE\n"
             "  tune     (--suite FILE | --shape ..) --out RULES [--backends a,b] [--reps N]\n"
             "           [--dtype ..] [--min-gain F]   rules from measurements, with evidence\n"
+            "  dit      [--config image|video] [--steps K] [--seed N] [--backends A[,B] | --rules\n"
+            "           FA[,FB]] [--out PREFIX] [--verbose]   a small DiT; two arms: PSNR/SSIM\n"
             "  info     [--platform ..]\n"
             "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_POLICY_FOREIGN, SDPA_LOG, SDPA_MAX_ISA (README.md)\n");
 }
@@ -412,6 +415,8 @@ int main(int argc, char **argv)
         return cmd_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "check") == 0)
         return cmd_check(argc - 2, argv + 2);
+    if (strcmp(cmd, "dit") == 0)
+        return cmd_dit(argc - 2, argv + 2);
     if (strcmp(cmd, "tune") == 0)
         return cmd_tune(argc - 2, argv + 2);
     if (strcmp(cmd, "ab") == 0)

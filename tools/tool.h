@@ -39,5 +39,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_ab(int argc, char **argv);
 int cmd_tune(int argc, char **argv);
+int cmd_dit(int argc, char **argv);
 
 #endif

@@ -295,6 +295,28 @@ check(r.returncode == 0 and "loaded anyway" in r.stderr, f"foreign with warn: {r
 r = sdpa("tune", "--shape", "1,48,48,2,2,32")
 check(r.returncode == 2 and "--out" in r.stderr, f"tune without --out: {r.stderr!r}")
 
+# ---- dit: deterministic for a seed; two arms give two PNGs, a heat map, PSNR and SSIM
+r1 = sdpa("dit", "--steps", "2", "--seed", "7", "--out", path("d1"), "--backends", "cpu.portable")
+r2 = sdpa("dit", "--steps", "2", "--seed", "7", "--out", path("d2"), "--backends", "cpu.portable")
+if "no libpng" in r1.stderr:
+    skipped += 1
+    print("SKIP sdpa dit: this build has no libpng")
+else:
+    check(r1.returncode == 0 and r2.returncode == 0, f"dit: {r1.stderr} {r2.stderr}")
+    same = (os.path.exists(path("d1.png")) and os.path.exists(path("d2.png")) and
+            open(path("d1.png"), "rb").read() == open(path("d2.png"), "rb").read())
+    check(same, "dit is deterministic for a fixed seed and backend")
+    check("attention" in r1.stdout and "ran on: cpu.portable" in r1.stdout, f"dit report: {r1.stdout}")
+    r = sdpa("dit", "--config", "video", "--steps", "2", "--out", path("v"), "--backends",
+             "cpu.portable,ref")
+    check(r.returncode == 0 and all(os.path.exists(path(f"v-{s}.png")) for s in "ab")
+          and os.path.exists(path("v-diff.png")) and "PSNR" in r.stdout and "SSIM" in r.stdout,
+          f"dit two arms: {r.stdout} {r.stderr}")
+    with open(path("d1.png"), "rb") as f:
+        check(f.read(8) == b"\x89PNG\r\n\x1a\n", "dit writes PNG files")
+r = sdpa("dit", "--config", "cinema")
+check(r.returncode == 2 and "--config" in r.stderr, f"dit bad config: {r.stderr!r}")
+
 # ---- info
 check("backends" in info and "cpu.portable" in info and "cuda.cudnn" in info, f"info: {info}")
 check("cuda      none:" in info, "info says why there is no CUDA")
