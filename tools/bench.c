@@ -19,6 +19,61 @@
 
 #define MAX_BENCH_BACKENDS 16
 
+/*
+ * GFLOP/s per backend per row as grouped bars, with the measured ceiling
+ * as a dashed line: a picture of the table, written as plain SVG.
+ */
+static int write_plot(const char *path, const row *rows, int n_rows, const char *const *names,
+                      int nb, const double *gf, double ceiling)
+{
+    static const char *colours[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                    "#59a14f", "#edc948", "#b07aa1", "#ff9da7"};
+    double top = ceiling;
+    for (int i = 0; i < n_rows * nb; i++)
+        top = gf[i] > top ? gf[i] : top;
+    top = top > 0 ? top * 1.1 : 1;
+    const int left = 60, bottom = 120, group = 14 * nb + 16, height = 360;
+    const int width = left + 20 + group * n_rows + 160;
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return tool_usage_error("--plot: cannot create '%s'", path);
+    fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' "
+               "font-family='sans-serif' font-size='11'>\n<rect width='100%%' height='100%%' "
+               "fill='white'/>\n", width, height + bottom + 30);
+    fprintf(f, "<text x='%d' y='18' font-size='13'>sdpa bench: GFLOP/s per backend (median), "
+               "dashed: fp32 FMA ceiling %.0f GFLOP/s measured in the run</text>\n", left, ceiling);
+    for (int k = 0; k <= 4; k++) { /* axis and grid */
+        const double v = top * k / 4;
+        const double y = 30 + height - height * v / top;
+        fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='#ddd'/>"
+                   "<text x='%d' y='%.1f' text-anchor='end'>%.0f</text>\n",
+                left, width - 160, y, y, left - 4, y + 4, v);
+    }
+    for (int r = 0; r < n_rows; r++) {
+        const int x0 = left + 10 + r * group;
+        for (int b = 0; b < nb; b++) {
+            const double h = height * gf[r * nb + b] / top;
+            fprintf(f, "<rect x='%d' y='%.1f' width='12' height='%.1f' fill='%s'/>\n",
+                    x0 + b * 14, 30 + height - h, h, colours[b % 8]);
+        }
+        fprintf(f, "<text transform='translate(%d,%d) rotate(60)'>%s</text>\n", x0 + 4,
+                34 + height, rows[r].name);
+    }
+    if (ceiling > 0) {
+        const double y = 30 + height - height * ceiling / top;
+        fprintf(f, "<line x1='%d' x2='%d' y1='%.1f' y2='%.1f' stroke='black' "
+                   "stroke-dasharray='6,4'/>\n", left, width - 160, y, y);
+    }
+    for (int b = 0; b < nb; b++)
+        fprintf(f, "<rect x='%d' y='%d' width='12' height='12' fill='%s'/>"
+                   "<text x='%d' y='%d'>%s</text>\n",
+                width - 150, 40 + 18 * b, colours[b % 8], width - 132, 50 + 18 * b, names[b]);
+    fprintf(f, "</svg>\n");
+    if (fclose(f) != 0)
+        return tool_usage_error("--plot: cannot write '%s'", path);
+    return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -42,8 +97,8 @@ int cmd_bench(int argc, char **argv)
 {
     tool_flag f[] = {{"--suite", 1, NULL},   {"--shape", 1, NULL}, {"--backends", 1, NULL},
                      {"--dtype", 1, NULL},   {"--causal", 1, NULL}, {"--reps", 1, NULL},
-                     {"--threads", 1, NULL}, {"--json", 0, NULL}};
-    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, NF };
+                     {"--threads", 1, NULL}, {"--json", 0, NULL},   {"--plot", 1, NULL}};
+    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, PLOT, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -143,6 +198,7 @@ int cmd_bench(int argc, char **argv)
     }
 
     double *t = malloc(sizeof(double) * (size_t)reps * MAX_BENCH_BACKENDS);
+    static double plot_gf[MAX_ROWS * MAX_BENCH_BACKENDS];
     if (!t) {
         sdpa_context_destroy(ctx);
         return tool_usage_error("out of memory");
@@ -195,6 +251,7 @@ int cmd_bench(int argc, char **argv)
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
             const double gf = refused[b][0] ? 0.0 : suite_flops(d) / (med[b] * 1e6);
             const double pct = ceiling > 0 ? 100.0 * gf / ceiling : 0.0;
+            plot_gf[r * nb + b] = gf;
             const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
                                                !refused[b][0]
                                            ? med[base_portable] / med[b]
@@ -253,6 +310,8 @@ int cmd_bench(int argc, char **argv)
         problem_free(&pb);
     }
     free(t);
+    if (rc == 0 && f[PLOT].value)
+        rc = write_plot(f[PLOT].value, rows, n_rows, names, nb, plot_gf, ceiling);
     sdpa_context_destroy(ctx);
     return rc;
 }

@@ -388,6 +388,7 @@ static void usage(FILE *f)
             "           [--component NAME] [--backend NAME] [--deterministic] [--json]\n"
             "  bench    (--suite FILE | --shape B,Sq,Skv,Hq,Hkv,D) [--backends a,b,...|all]\n"
             "           [--dtype ..] [--causal ..] [--reps N] [--threads N] [--json]\n"
+            "           [--plot FILE.svg]\n"
             "  check    (--suite FILE | --shape ..) [--backends a,b|all] [--dtype ..] [--budget GFLOP]\n"
             "           [--json]   numerics of every backend against the float64 reference\n"
             "  ab       --a SPEC --b SPEC (--suite FILE | --shape ..) [--rounds N] [--dtype ..]\n"

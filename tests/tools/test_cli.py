@@ -245,6 +245,10 @@ else:
     print(f"SKIP bench --suite smoke.tsv: {smoke} not found")
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "2", "--json")
 check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["backend"], f"bench shape: {r.stderr}")
+r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--plot", path("b.svg"))
+check(r.returncode == 0 and os.path.exists(path("b.svg")) and
+      open(path("b.svg")).read().startswith("<svg") and "GFLOP/s" in open(path("b.svg")).read(),
+      f"bench --plot: {r.stderr}")
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--backends", "cuda.cudnn")
 check(r.returncode != 0 and "not present" in r.stderr, f"bench absent backend: {r.stderr!r}")
 
