@@ -12,6 +12,7 @@
  * interval, and a verdict.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "dit.h"
 #include "suite.h"
 #include "tool.h"
 
@@ -96,26 +97,94 @@ static sdpa_status arm_run(const arm *a, sdpa_context *runner, problem *p, sdpa_
     return st;
 }
 
+static void print_result(const char *label, const char *spec_a, const char *spec_b,
+                         const sdpa_ab_result *res, int json)
+{
+    if (json)
+        printf("{\"row\":\"%s\",\"a\":\"%s\",\"b\":\"%s\",\"median_a_ms\":%.4f,"
+               "\"median_b_ms\":%.4f,\"ratio\":%.4f,\"lo\":%.4f,\"hi\":%.4f,\"verdict\":\"%s\"}\n",
+               label, spec_a, spec_b, res->median_a, res->median_b, res->ratio, res->lo, res->hi,
+               sdpa_ab_verdict_text(res->verdict));
+    else
+        printf("%-44s %12.3f %12.3f %8.3f     [%6.3f, %6.3f]  %s\n"
+               "verdict: %s (B/A = %.3f, 95%% interval [%.3f, %.3f])\n",
+               label, res->median_a, res->median_b, res->ratio, res->lo, res->hi,
+               sdpa_ab_verdict_text(res->verdict), sdpa_ab_verdict_text(res->verdict), res->ratio,
+               res->lo, res->hi);
+}
+
+/* A/B over whole `sdpa dit` sampling runs: what the choice does end to end. */
+static int ab_dit(const char *config, arm *arms, sdpa_context *runner, int rounds, int steps,
+                  int json, int progress)
+{
+    sdpa_call_desc d;
+    if (!dit_attention_desc(config, &d))
+        return tool_usage_error("--dit '%s' unknown, expected image or video", config);
+    dit_session *s[2] = {NULL, NULL};
+    double *t[2] = {malloc(sizeof(double) * (size_t)rounds), malloc(sizeof(double) * (size_t)rounds)};
+    int rc = t[0] && t[1] ? 0 : tool_usage_error("out of memory");
+    for (int k = 0; k < 2 && rc == 0; k++)
+        if ((rc = arm_choose(&arms[k], &d)) == 0 &&
+            (rc = dit_open(config, runner, arms[k].chosen, SDPA_F32, 1, steps, &s[k])) == 0)
+            rc = dit_run(s[k], 0, NULL); /* warm-up */
+    if (!json && rc == 0)
+        printf("# sdpa ab --dit %s: A = %s (%s), B = %s (%s), %d rounds of %d-step sampling "
+               "runs, interleaved\n%-44s %12s %12s %8s %20s  %s\n",
+               config, arms[0].spec, arms[0].chosen, arms[1].spec, arms[1].chosen, rounds, steps,
+               "run", "A median ms", "B median ms", "B/A", "95% interval", "verdict");
+    for (int i = 0; i < rounds && rc == 0; i++) {
+        if (progress)
+            fprintf(stderr, "\r  round %d/%d ", i + 1, rounds);
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            const int which = i % 2 ? !k : k; /* AB, BA, ... */
+            rc = dit_run(s[which], 0, &t[which][i]);
+        }
+    }
+    if (progress)
+        fprintf(stderr, "\r%30s\r", "");
+    if (rc == 0) {
+        sdpa_ab_result res;
+        sdpa_ab_compare(t[0], t[1], rounds, 0.0, &res);
+        char label[96];
+        snprintf(label, sizeof label, "dit %.16s (%.32s vs %.32s)", config, arms[0].chosen,
+                 arms[1].chosen);
+        print_result(label, arms[0].spec, arms[1].spec, &res, json);
+    }
+    dit_close(s[0]), dit_close(s[1]);
+    free(t[0]), free(t[1]);
+    return rc;
+}
+
 int cmd_ab(int argc, char **argv)
 {
     tool_flag f[] = {{"--a", 1, NULL},     {"--b", 1, NULL},       {"--suite", 1, NULL},
                      {"--shape", 1, NULL}, {"--rounds", 1, NULL},  {"--dtype", 1, NULL},
-                     {"--threads", 1, NULL}, {"--dit", 1, NULL},   {"--json", 0, NULL}};
-    enum { A, B, SUITE, SHAPE, ROUNDS, DTYPE, THREADS, DIT, JSON, NF };
+                     {"--threads", 1, NULL}, {"--dit", 1, NULL},   {"--json", 0, NULL},
+                     {"--steps", 1, NULL}};
+    enum { A, B, SUITE, SHAPE, ROUNDS, DTYPE, THREADS, DIT, JSON, STEPS, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
     if (!f[A].value || !f[B].value)
         return tool_usage_error("ab: --a SPEC and --b SPEC are required (backend=NAME or "
                                 "rules=FILE)");
-    if (f[DIT].value)
-        return tool_usage_error("ab: --dit needs `sdpa dit`, which this release does not have yet");
     static row rows[MAX_ROWS];
-    int n_rows, threads;
-    sdpa_dtype dtype;
-    if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value, f[THREADS].value, rows,
-                         &n_rows, &dtype, &threads)) != 0)
+    int n_rows = 0, threads = 0;
+    sdpa_dtype dtype = SDPA_F32;
+    if (f[DIT].value) { /* whole denoising runs instead of suite rows */
+        if (f[SUITE].value || f[SHAPE].value)
+            return tool_usage_error("ab: give --dit CONFIG or --suite/--shape, not both");
+        long long t = 0;
+        if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &t))
+            return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
+        threads = (int)t;
+    } else if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value,
+                                f[THREADS].value, rows, &n_rows, &dtype, &threads)) != 0) {
         return rc;
+    }
+    long long steps = 4;
+    if (f[STEPS].value && !tool_parse_int(f[STEPS].value, 1, 1000, &steps))
+        return tool_usage_error("--steps '%s' is not a number in 1..1000", f[STEPS].value);
     long long rounds = 9;
     if (f[ROUNDS].value && !tool_parse_int(f[ROUNDS].value, 3, 10000, &rounds))
         return tool_usage_error("--rounds '%s' is not a number in 3..10000", f[ROUNDS].value);
@@ -131,6 +200,12 @@ int cmd_ab(int argc, char **argv)
         return rc;
     }
     const int json = f[JSON].value != NULL, progress = isatty(2) && !json;
+    if (f[DIT].value) {
+        rc = ab_dit(f[DIT].value, arms, runner, (int)rounds, (int)steps, json, progress);
+        sdpa_context_destroy(arms[0].ctx), sdpa_context_destroy(arms[1].ctx);
+        sdpa_context_destroy(runner);
+        return rc;
+    }
     double *ta = calloc((size_t)rounds, sizeof(double)), *tb = calloc((size_t)rounds, sizeof(double));
     double *ra = malloc(sizeof(double) * (size_t)rounds), *rb = malloc(sizeof(double) * (size_t)rounds);
     if (!ta || !tb || !ra || !rb) {
@@ -172,7 +247,7 @@ int cmd_ab(int argc, char **argv)
         if (rc)
             goto done;
         char label[160];
-        snprintf(label, sizeof label, "%s (%s vs %s)", rows[r].name, arms[0].chosen,
+        snprintf(label, sizeof label, "%.63s (%.40s vs %.40s)", rows[r].name, arms[0].chosen,
                  arms[1].chosen);
         sdpa_ab_result res;
         sdpa_ab_compare(ra, rb, (int)rounds, 0.0, &res);

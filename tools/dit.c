@@ -28,6 +28,7 @@
  * upsampled 4x.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "dit.h"
 #include "image.h"
 #include "tool.h"
 #include "../src/core/half.h"
@@ -377,68 +378,134 @@ static int decode(const model *m, const float *x, image *im)
     return 1;
 }
 
-/* One full sampling run; the image and its timings. */
+/* ---- sessions: a model with its buffers, sampled as often as wanted */
+
+struct dit_session {
+    const dit_config *cfg;
+    model m;
+    float *x, *x0, *work;
+    uint64_t seed;
+    int steps;
+    run_stats st;
+    double total_ms, attn_ms; /* of the last run */
+    const char *label;
+};
+
+static const dit_config *dit_find_config(const char *name)
+{
+    for (size_t i = 0; i < sizeof configs / sizeof *configs; i++)
+        if (strcmp(configs[i].name, name) == 0)
+            return &configs[i];
+    return NULL;
+}
+
+int dit_attention_desc(const char *config, sdpa_call_desc *d)
+{
+    const dit_config *cfg = dit_find_config(config);
+    if (!cfg)
+        return 0;
+    memset(d, 0, sizeof *d);
+    const int64_t Ti = (int64_t)cfg->frames * (cfg->lat_h / cfg->patch) * (cfg->lat_w / cfg->patch);
+    d->device = SDPA_DEVICE_CPU, d->dtype = SDPA_F32;
+    d->B = 1, d->Sq = d->Skv = cfg->cross ? Ti : Ti + cfg->txt_tokens;
+    d->Hq = d->Hkv = cfg->heads, d->D = cfg->width / cfg->heads;
+    return 1;
+}
+
+int dit_open(const char *config, sdpa_context *ctx, const char *backend, sdpa_dtype dtype,
+             uint64_t seed, int steps, dit_session **out)
+{
+    const dit_config *cfg = dit_find_config(config);
+    if (!cfg)
+        return tool_usage_error("--config '%s' unknown, expected image or video", config);
+    dit_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return tool_usage_error("dit: out of memory");
+    s->cfg = cfg, s->seed = seed, s->steps = steps, s->st.dtype = dtype;
+    s->label = backend ? backend : "dispatcher";
+    const size_t Tall = (size_t)cfg->frames * (size_t)(cfg->lat_h / cfg->patch) *
+                            (size_t)(cfg->lat_w / cfg->patch) + (size_t)cfg->txt_tokens;
+    const size_t C = (size_t)cfg->width, P = (size_t)(cfg->lat_c * cfg->patch * cfg->patch);
+    s->x = malloc(sizeof(float) * Tall * P), s->x0 = malloc(sizeof(float) * Tall * P);
+    s->work = malloc(sizeof(float) * Tall * C * 14);
+    if (!s->x || !s->x0 || !s->work || !model_make(&s->m, cfg, seed, ctx, backend)) {
+        int rc = tool_usage_error("dit: cannot build the model: %s", sdpa_last_error());
+        dit_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void dit_close(dit_session *s)
+{
+    if (!s)
+        return;
+    model_free(&s->m);
+    free(s->x), free(s->x0), free(s->work), free(s);
+}
+
+int dit_run(dit_session *s, int verbose, double *ms_total)
+{
+    const size_t n = (size_t)s->m.T_img * (size_t)s->m.P;
+    rng_state = s->seed * 0x2545f4914f6cdd1dull + 7; /* the starting noise */
+    for (size_t i = 0; i < n; i++)
+        s->x[i] = (float)gauss();
+    s->total_ms = s->attn_ms = 0;
+    for (int k = 0; k < s->steps; k++) {
+        const float t = 1.0f - (float)k / s->steps, t_next = 1.0f - (float)(k + 1) / s->steps;
+        const double t0 = tool_now_ms(), a0 = s->st.attn_ms;
+        sdpa_status ss = model_forward(&s->m, s->x, t, s->x0, s->work, &s->st);
+        if (ss != SDPA_OK)
+            return tool_lib_error("dit: attention", ss);
+        for (size_t i = 0; i < n; i++) /* Euler on v = (x_t - x0) / t */
+            s->x[i] += (t_next - t) * (s->x[i] - s->x0[i]) / t;
+        const double ms = tool_now_ms() - t0;
+        s->total_ms += ms, s->attn_ms += s->st.attn_ms - a0;
+        if (verbose)
+            printf("  step %2d/%d  t=%.3f  %8.1f ms  attention %5.1f%%\n", k + 1, s->steps, t, ms,
+                   100.0 * (s->st.attn_ms - a0) / ms);
+    }
+    if (ms_total)
+        *ms_total = s->total_ms;
+    return 0;
+}
+
+static void dit_report(const dit_session *s)
+{
+    const dit_config *cfg = s->cfg;
+    printf("%s, %s attention: %d steps, %.1f ms per step, attention %.1f%% of it; attention "
+           "layers (%d x %s) ran on: %s\n",
+           s->label, sdpa_dtype_name(s->st.dtype), s->steps, s->total_ms / s->steps,
+           100.0 * s->attn_ms / s->total_ms, cfg->blocks * (cfg->cross ? 2 : 1),
+           cfg->cross ? "self + cross" : "joint", s->st.backends);
+}
+
+/* One full sampling run in a context of its own; the image and its timings. */
 static int sample(const dit_config *cfg, uint64_t seed, int steps, int threads,
                   const char *backend, const char *rules, sdpa_dtype dtype, image *im,
-                  int verbose, int quiet)
+                  int verbose)
 {
     sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
     o.threads = threads;
     o.policy_file = rules;
     sdpa_context *ctx;
-    if (sdpa_context_create(&o, &ctx) != SDPA_OK)
-        return tool_lib_error("dit: context", SDPA_INVALID_ARGUMENT);
-    model m;
-    memset(&m, 0, sizeof m);
-    int rc = 0;
-    const size_t Tall = (size_t)cfg->frames * (size_t)(cfg->lat_h / cfg->patch) *
-                            (size_t)(cfg->lat_w / cfg->patch) + (size_t)cfg->txt_tokens;
-    const size_t C = (size_t)cfg->width, P = (size_t)(cfg->lat_c * cfg->patch * cfg->patch);
-    float *x = malloc(sizeof(float) * Tall * P), *x0 = malloc(sizeof(float) * Tall * P);
-    float *work = malloc(sizeof(float) * Tall * C * 14);
-    if (!x || !x0 || !work || !model_make(&m, cfg, seed, ctx, backend)) {
-        rc = tool_usage_error("dit: cannot build the model: %s", sdpa_last_error());
-        goto done;
+    sdpa_status st = sdpa_context_create(&o, &ctx);
+    if (st != SDPA_OK)
+        return tool_lib_error("dit: context", st);
+    dit_session *s = NULL;
+    int rc = dit_open(cfg->name, ctx, backend, dtype, seed, steps, &s);
+    if (rc == 0) {
+        if (rules)
+            s->label = rules;
+        rc = dit_run(s, verbose, NULL);
     }
-    rng_state = seed * 0x2545f4914f6cdd1dull + 7; /* the starting noise */
-    for (size_t i = 0; i < (size_t)m.T_img * P; i++)
-        x[i] = (float)gauss();
-    double total = 0, attn = 0;
-    run_stats st;
-    memset(&st, 0, sizeof st);
-    st.dtype = dtype;
-    for (int s = 0; s < steps; s++) {
-        const float t = 1.0f - (float)s / steps, t_next = 1.0f - (float)(s + 1) / steps;
-        const double t0 = tool_now_ms(), a0 = st.attn_ms;
-        sdpa_status ss = model_forward(&m, x, t, x0, work, &st);
-        if (ss != SDPA_OK) {
-            rc = tool_lib_error("dit: attention", ss);
-            goto done;
-        }
-        for (size_t i = 0; i < (size_t)m.T_img * P; i++) /* Euler on v = (x_t - x0) / t */
-            x[i] += (t_next - t) * (x[i] - x0[i]) / t;
-        const double ms = tool_now_ms() - t0;
-        total += ms, attn += st.attn_ms - a0;
-        if (verbose && !quiet)
-            printf("  step %2d/%d  t=%.3f  %8.1f ms  attention %5.1f%%\n", s + 1, steps, t, ms,
-                   100.0 * (st.attn_ms - a0) / ms);
-        else if (!quiet && isatty(2))
-            fprintf(stderr, "\r  step %d/%d", s + 1, steps);
+    if (rc == 0) {
+        dit_report(s);
+        if (!decode(&s->m, s->x, im))
+            rc = tool_usage_error("dit: out of memory decoding");
     }
-    if (!quiet && isatty(2))
-        fprintf(stderr, "\r%20s\r", "");
-    if (!quiet)
-        printf("%s, %s attention: %d steps, %.1f ms per step, attention %.1f%% of it; attention "
-               "layers (%d x %s) ran on: %s\n",
-               backend ? backend : rules ? rules : "dispatcher", sdpa_dtype_name(dtype), steps,
-               total / steps,
-               100.0 * attn / total, cfg->blocks * (cfg->cross ? 2 : 1),
-               cfg->cross ? "self + cross" : "joint", st.backends);
-    if (!decode(&m, x, im))
-        rc = tool_usage_error("dit: out of memory decoding");
-done:
-    model_free(&m);
-    free(x), free(x0), free(work);
+    dit_close(s);
     sdpa_context_destroy(ctx);
     return rc;
 }
@@ -452,16 +519,9 @@ int cmd_dit(int argc, char **argv)
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
-    const dit_config *cfg = &configs[0];
-    if (f[CONFIG].value) {
-        cfg = NULL;
-        for (size_t i = 0; i < sizeof configs / sizeof *configs; i++)
-            if (strcmp(configs[i].name, f[CONFIG].value) == 0)
-                cfg = &configs[i];
-        if (!cfg)
-            return tool_usage_error("--config '%s' unknown, expected image or video",
-                                    f[CONFIG].value);
-    }
+    const dit_config *cfg = f[CONFIG].value ? dit_find_config(f[CONFIG].value) : &configs[0];
+    if (!cfg)
+        return tool_usage_error("--config '%s' unknown, expected image or video", f[CONFIG].value);
     long long steps = 8, seed = 1, threads = 0;
     if (f[STEPS].value && !tool_parse_int(f[STEPS].value, 1, 1000, &steps))
         return tool_usage_error("--steps '%s' is not a number in 1..1000", f[STEPS].value);
@@ -521,7 +581,7 @@ int cmd_dit(int argc, char **argv)
     for (int a = 0; a < n_arms && rc == 0; a++) {
         rc = sample(cfg, (uint64_t)seed, (int)steps, (int)threads,
                     f[BACKENDS].value ? arms[a] : NULL, f[RULES].value ? arms[a] : NULL, dt[a],
-                    &im[a], f[VERBOSE].value != NULL, 0);
+                    &im[a], f[VERBOSE].value != NULL);
         if (rc)
             break;
         snprintf(path, sizeof path, n_arms == 2 ? "%s-%c.png" : "%s.png", out, 'a' + a);
