@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "core.h"
+#include "../cuda/plugin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,10 +139,7 @@ sdpa_status sdpa_platform_detect(sdpa_platform *out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a platform to fill");
     memset(out, 0, sizeof *out);
     detect_cpu(out);
-    out->cuda_present = 0;
-    sdpa__strlcpy(out->cuda_why,
-                  "no CUDA plugin in this build (libsdpa 0.1 has CPU backends only)",
-                  sizeof out->cuda_why);
+    sdpa__cuda_plugin_load(out); /* fills the CUDA fields, or cuda_why */
     return SDPA_OK;
 }
 

@@ -3,6 +3,7 @@
  * per-component and scoped overrides, backend listing.
  */
 #include "context.h"
+#include "../cuda/plugin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,6 +377,15 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     sdpa_status st = SDPA_OK;
     for (int i = 0; sdpa__builtin_backends[i] && st == SDPA_OK; i++)
         st = sdpa__ctx_add_backend(ctx, sdpa__builtin_backends[i]);
+    /* The CUDA plugin's kernels replace the declared placeholders. */
+    sdpa_platform scratch;
+    memset(&scratch, 0, sizeof scratch);
+    const sdpa_cuda_plugin *plugin = sdpa__cuda_plugin_load(&scratch);
+    for (int i = 0; plugin && plugin->backends[i]; i++) {
+        int b = sdpa__ctx_find(ctx, plugin->backends[i]->name);
+        if (b >= 0)
+            ctx->backends[b] = plugin->backends[i];
+    }
     if (st == SDPA_OK)
         st = install_policy(ctx, sdpa__default_rules_text, "default.rules");
     if (st == SDPA_OK)

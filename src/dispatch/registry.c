@@ -11,17 +11,21 @@
 #include <stdio.h>
 #include <string.h>
 
+/* Placeholders until the plugin provides the kernels: say why not. */
 static int cuda_absent(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
 {
-    (void)self, (void)host;
-    sdpa__strlcpy(why, "not present here: this build has no CUDA plugin", n);
+    (void)self;
+    if (!host->cuda_present)
+        sdpa__fmt(why, n, "not present here: %s", host->cuda_why);
+    else
+        sdpa__strlcpy(why, "not present here: the CUDA plugin does not implement it yet", n);
     return 0;
 }
 
 static sdpa_status cuda_absent_run(const sdpa_backend *self, const sdpa_call *call)
 {
     (void)call;
-    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not present here: this build has no CUDA plugin",
+    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not present here (no CUDA kernel loaded)",
                       self->name);
 }
 

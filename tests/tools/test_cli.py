@@ -17,8 +17,9 @@ import tempfile
 
 import numpy as np
 
-SDPA = sys.argv[1]
+SDPA = os.path.abspath(sys.argv[1])
 SHAPES = sys.argv[2] if len(sys.argv) > 2 else None
+PLUGIN = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None  # libsdpa_cuda.so, if built
 passed = failed = skipped = 0
 rng = np.random.default_rng()
 print(f"seed {rng.bit_generator.state['state']['state']}")
@@ -33,12 +34,13 @@ def check(cond, what):
         print(f"FAIL {what}")
 
 
-def sdpa(*args, env=None):
+def sdpa(*args, env=None, cwd=None):
     e = dict(os.environ)
-    for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA"):
+    for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA", "SDPA_CUDA_PLUGIN"):
         e.pop(k, None)
     e.update(env or {})
-    return subprocess.run([SDPA, *args], capture_output=True, text=True, env=e, timeout=600)
+    return subprocess.run([SDPA, *args], capture_output=True, text=True, env=e, timeout=600,
+                          cwd=cwd)
 
 
 def reference(q, k, v, causal="none", scale=None):
@@ -328,7 +330,31 @@ check(r.returncode == 2 and "--config" in r.stderr, f"dit bad config: {r.stderr!
 
 # ---- info
 check("backends" in info and "cpu.portable" in info and "cuda.cudnn" in info, f"info: {info}")
-check("cuda      none:" in info, "info says why there is no CUDA")
+check("cuda      none:" in info or "cuda      " in info, "info has a CUDA line")
+# ---- the CUDA plugin: loaded from beside libsdpa or SDPA_CUDA_PLUGIN, never from the cwd
+def cuda_line(text):
+    return next((l for l in text.splitlines() if l.startswith("cuda ")), "")
+
+with open(path("libsdpa_cuda.so"), "w") as f:
+    f.write("not a shared object")
+here = cuda_line(sdpa("info", cwd=tmp).stdout)
+check(tmp not in here, f"plugin taken from the current directory: {here}")
+if PLUGIN:
+    check("loaded" in here or "none:" not in here, f"plugin beside libsdpa not loaded: {here}")
+    r = sdpa("info", env={"SDPA_CUDA_PLUGIN": PLUGIN})
+    check(PLUGIN[:30] in cuda_line(r.stdout), f"SDPA_CUDA_PLUGIN: {cuda_line(r.stdout)}")
+else:
+    check("no CUDA plugin" in here, f"no plugin built: {here}")
+r = sdpa("info", env={"SDPA_CUDA_PLUGIN": "/nonexistent/libsdpa_cuda.so"})
+check("cannot be loaded" in cuda_line(r.stdout), f"bad plugin path: {cuda_line(r.stdout)}")
+r = sdpa("info", env={"SDPA_CUDA_PLUGIN": "libsdpa_cuda.so"}, cwd=tmp)
+check("not an absolute path" in cuda_line(r.stdout), f"relative plugin path: {cuda_line(r.stdout)}")
+r = sdpa("info", env={"SDPA_CUDA_PLUGIN": path("libsdpa_cuda.so")})
+check("cannot be loaded" in cuda_line(r.stdout), f"junk plugin: {cuda_line(r.stdout)}")
+d = explain("--platform", "cuda:sm_100", "--shape", "1,64,64,2,2,64")
+check(d["candidates"][:1] == ["cuda.cudnn"] and d["present"]["cuda.cudnn"] is False,
+      f"explain with the plugin: {d}")
+
 r = sdpa("frobnicate")
 check(r.returncode == 2, "unknown command exits 2")
 

@@ -1,0 +1,99 @@
+/*
+ * loader.c - finds and loads libsdpa_cuda.so (see plugin.h), and records
+ * exactly why not when it cannot: no plugin built, failed dlopen, wrong
+ * ABI, no driver, no device. Loaded once per process.
+ */
+#define _GNU_SOURCE
+#include "plugin.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static const sdpa_cuda_plugin *plugin;
+static char plugin_path[1024];
+static char load_error[160]; /* fits sdpa_platform.cuda_why */
+
+/* The directory of the library (or program) this code was linked into. */
+static int own_directory(char *dir, size_t n)
+{
+    Dl_info info;
+    if (!dladdr((void *)&sdpa__cuda_plugin_load, &info) || !info.dli_fname)
+        return 0;
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (!slash) /* a bare name: we do not know where, and will not guess "." */
+        return 0;
+    size_t len = (size_t)(slash - info.dli_fname);
+    if (len + 1 > n)
+        return 0;
+    memcpy(dir, info.dli_fname, len);
+    dir[len] = '\0';
+    return 1;
+}
+
+static void load_once(void)
+{
+    const char *env = getenv("SDPA_CUDA_PLUGIN");
+    char dir[896];
+    if (env && *env) {
+        sdpa__strlcpy(plugin_path, env, sizeof plugin_path);
+    } else if (own_directory(dir, sizeof dir)) {
+        snprintf(plugin_path, sizeof plugin_path, "%s/libsdpa_cuda.so", dir);
+    } else {
+        sdpa__strlcpy(load_error, "no CUDA plugin: cannot tell where libsdpa is installed",
+                      sizeof load_error);
+        return;
+    }
+    if (plugin_path[0] != '/') {
+        snprintf(load_error, sizeof load_error,
+                 "SDPA_CUDA_PLUGIN='%.60s' is not an absolute path (refused)", plugin_path);
+        return;
+    }
+    void *h = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        if (!env && e && strstr(e, "No such file"))
+            snprintf(load_error, sizeof load_error,
+                     "no CUDA plugin at %.60s (built only with the CUDA toolkit; "
+                     "SDPA_CUDA_PLUGIN names another)",
+                     plugin_path);
+        else
+            snprintf(load_error, sizeof load_error, "CUDA plugin %.50s cannot be loaded: %.60s",
+                     plugin_path, e ? e : "?");
+        return;
+    }
+    sdpa_cuda_plugin_entry_fn entry;
+    *(void **)&entry = dlsym(h, SDPA_CUDA_PLUGIN_ENTRY);
+    const sdpa_cuda_plugin *p = entry ? entry() : NULL;
+    if (!p || p->abi != SDPA_CUDA_PLUGIN_ABI) {
+        snprintf(load_error, sizeof load_error,
+                 "CUDA plugin %.60s: %s (expected ABI %d)", plugin_path,
+                 !entry ? "no " SDPA_CUDA_PLUGIN_ENTRY " symbol" : "wrong ABI version",
+                 SDPA_CUDA_PLUGIN_ABI);
+        dlclose(h);
+        return;
+    }
+    plugin = p; /* kept loaded for the life of the process */
+}
+
+const sdpa_cuda_plugin *sdpa__cuda_plugin_load(sdpa_platform *p)
+{
+    pthread_once(&once, load_once);
+    p->cuda_present = 0;
+    if (!plugin) {
+        sdpa__strlcpy(p->cuda_why, load_error, sizeof p->cuda_why);
+        return NULL;
+    }
+    char why[160] = "";
+    if (plugin->probe(p, why, sizeof why)) {
+        p->cuda_present = 1;
+        p->cuda_why[0] = '\0';
+    } else {
+        snprintf(p->cuda_why, sizeof p->cuda_why, "plugin %.40s loaded, no usable device: %.80s",
+                 plugin_path, why);
+    }
+    return plugin;
+}
