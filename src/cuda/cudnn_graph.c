@@ -1,0 +1,289 @@
+/*
+ * cudnn_graph.c - see cudnn_graph.h. The recipe, its limits and the status
+ * codes are in shared/notes/cudnn-backend-sdpa.md; the points that cost
+ * engines when missed: the stats ops (log, add) are mandatory even when
+ * the LSE is not wanted (then virtual); P feeding bmm2 is in the I/O type;
+ * every tensor gets a distinct uid and 16-byte alignment.
+ */
+#include "cudnn_graph.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#define TRY(step, call)                                                                            \
+    do {                                                                                           \
+        cudnnStatus_t st_ = (call);                                                                \
+        if (st_ != CUDNN_STATUS_SUCCESS) {                                                         \
+            if (where)                                                                             \
+                *where = step;                                                                     \
+            return st_;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+void sdpa_cudnn_bshd_strides(int64_t s, int64_t h, int64_t d, int64_t stride[4])
+{
+    stride[0] = s * h * d, stride[1] = d, stride[2] = h * d, stride[3] = 1;
+}
+
+static cudnnStatus_t keep(sdpa_cudnn_graph *g, cudnnBackendDescriptorType_t type,
+                          cudnnBackendDescriptor_t *out)
+{
+    if (g->n_objs == (int)(sizeof g->objs / sizeof *g->objs))
+        return CUDNN_STATUS_BAD_PARAM;
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(type, out);
+    if (st == CUDNN_STATUS_SUCCESS)
+        g->objs[g->n_objs++] = *out;
+    return st;
+}
+
+static cudnnStatus_t tensor(sdpa_cudnn_graph *g, int64_t uid, cudnnDataType_t type,
+                            const int64_t dims[4], const int64_t strides[4], bool is_virtual,
+                            bool by_value, cudnnBackendDescriptor_t *out)
+{
+    const char **where = NULL;
+    const int64_t align = 16;
+    TRY("tensor", keep(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR, out));
+    TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE,
+                                           1, &type));
+    TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4,
+                                           dims));
+    TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4,
+                                           strides));
+    TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1,
+                                           &uid));
+    TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
+                                           CUDNN_TYPE_INT64, 1, &align));
+    TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN,
+                                           1, &is_virtual));
+    if (by_value)
+        TRY("tensor", cudnnBackendSetAttribute(*out, CUDNN_ATTR_TENSOR_IS_BY_VALUE,
+                                               CUDNN_TYPE_BOOLEAN, 1, &by_value));
+    return cudnnBackendFinalize(*out);
+}
+
+static cudnnStatus_t matmul(sdpa_cudnn_graph *g, cudnnBackendDescriptor_t a,
+                            cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c,
+                            cudnnBackendDescriptor_t *op)
+{
+    const char **where = NULL;
+    cudnnBackendDescriptor_t desc;
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    TRY("matmul", keep(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR, &desc));
+    TRY("matmul", cudnnBackendSetAttribute(desc, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE,
+                                           1, &comp));
+    TRY("matmul", cudnnBackendFinalize(desc));
+    TRY("matmul", keep(g, CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, op));
+    TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_ADESC,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a));
+    TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_BDESC,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
+    TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_CDESC,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
+    TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_DESC,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc));
+    return cudnnBackendFinalize(*op);
+}
+
+/* y = mode(x[, b][, t]); axis >= 0 for GEN_INDEX. */
+static cudnnStatus_t pointwise(sdpa_cudnn_graph *g, cudnnPointwiseMode_t mode,
+                               cudnnDataType_t prec, int64_t axis, cudnnBackendDescriptor_t x,
+                               cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t,
+                               cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t *op)
+{
+    const char **where = NULL;
+    cudnnBackendDescriptor_t desc;
+    TRY("pointwise", keep(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &desc));
+    TRY("pointwise", cudnnBackendSetAttribute(desc, CUDNN_ATTR_POINTWISE_MODE,
+                                              CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
+    TRY("pointwise", cudnnBackendSetAttribute(desc, CUDNN_ATTR_POINTWISE_MATH_PREC,
+                                              CUDNN_TYPE_DATA_TYPE, 1, &prec));
+    if (axis >= 0)
+        TRY("pointwise", cudnnBackendSetAttribute(desc, CUDNN_ATTR_POINTWISE_AXIS,
+                                                  CUDNN_TYPE_INT64, 1, &axis));
+    TRY("pointwise", cudnnBackendFinalize(desc));
+    TRY("pointwise", keep(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op));
+    TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc));
+    TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    if (b)
+        TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
+                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
+    if (t)
+        TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC,
+                                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t));
+    TRY("pointwise", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    return cudnnBackendFinalize(*op);
+}
+
+static cudnnStatus_t reduction(sdpa_cudnn_graph *g, cudnnReduceTensorOp_t mode,
+                               cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y,
+                               cudnnBackendDescriptor_t *op)
+{
+    const char **where = NULL;
+    cudnnBackendDescriptor_t desc;
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    TRY("reduction", keep(g, CUDNN_BACKEND_REDUCTION_DESCRIPTOR, &desc));
+    TRY("reduction", cudnnBackendSetAttribute(desc, CUDNN_ATTR_REDUCTION_OPERATOR,
+                                              CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode));
+    TRY("reduction", cudnnBackendSetAttribute(desc, CUDNN_ATTR_REDUCTION_COMP_TYPE,
+                                              CUDNN_TYPE_DATA_TYPE, 1, &comp));
+    TRY("reduction", cudnnBackendFinalize(desc));
+    TRY("reduction", keep(g, CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, op));
+    TRY("reduction", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
+    TRY("reduction", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    TRY("reduction", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_REDUCTION_DESC,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc));
+    return cudnnBackendFinalize(*op);
+}
+
+cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_graph *g,
+                                     const char **where)
+{
+    memset(g, 0, sizeof *g);
+    const cudnnDataType_t F = CUDNN_DATA_FLOAT;
+    const int64_t qd[4] = {p->b, p->hq, p->sq, p->d}, kd[4] = {p->b, p->hk, p->d, p->skv};
+    const int64_t vd[4] = {p->b, p->hk, p->skv, p->d};
+    /* K^T: K's last two dimensions and strides swapped. */
+    const int64_t kts[4] = {p->k_stride[0], p->k_stride[1], p->k_stride[3], p->k_stride[2]};
+    const int64_t sd[4] = {p->b, p->hq, p->sq, p->skv};
+    const int64_t ss[4] = {p->hq * p->sq * p->skv, p->sq * p->skv, p->skv, 1};
+    const int64_t rd[4] = {p->b, p->hq, p->sq, 1}, rs[4] = {p->hq * p->sq, p->sq, 1, 1};
+    const int64_t one[4] = {1, 1, 1, 1};
+    int64_t uid = 100; /* virtual tensors */
+    cudnnBackendDescriptor_t Q, K, V, O, stats, scale, S, S1, Sm, mx, Sd, E, sum, lg, P;
+    cudnnBackendDescriptor_t ops[16];
+    int n = 0;
+    TRY("Q", tensor(g, SDPA_UID_Q, p->io_type, qd, p->q_stride, false, false, &Q));
+    TRY("K^T", tensor(g, SDPA_UID_K, p->io_type, kd, kts, false, false, &K));
+    TRY("V", tensor(g, SDPA_UID_V, p->io_type, vd, p->v_stride, false, false, &V));
+    TRY("O", tensor(g, SDPA_UID_O, p->io_type, qd, p->o_stride, false, false, &O));
+    TRY("Stats", tensor(g, SDPA_UID_STATS, F, rd, rs, !p->want_stats, false, &stats));
+    TRY("scale", tensor(g, SDPA_UID_SCALE, F, one, one, false, true, &scale));
+    TRY("S", tensor(g, uid++, F, sd, ss, true, false, &S));
+    TRY("bmm1", matmul(g, Q, K, S, &ops[n++]));
+    TRY("S*scale", tensor(g, uid++, F, sd, ss, true, false, &S1));
+    TRY("scale op", pointwise(g, CUDNN_POINTWISE_MUL, F, -1, S, scale, NULL, S1, &ops[n++]));
+    Sm = S1;
+    if (p->causal) {
+        /* keep (row + offset) >= col, else -inf */
+        cudnnBackendDescriptor_t row, col, mask, fill, Sc;
+        TRY("row index", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row));
+        TRY("gen row", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, S1, NULL,
+                                 NULL, row, &ops[n++]));
+        TRY("col index", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &col));
+        TRY("gen col", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, S1, NULL,
+                                 NULL, col, &ops[n++]));
+        if (p->causal == 2 && p->skv != p->sq) {
+            cudnnBackendDescriptor_t off, row2;
+            TRY("offset", tensor(g, SDPA_UID_SCALE + 1, CUDNN_DATA_INT32, one, one, false, true,
+                                 &off));
+            TRY("row+offset", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row2));
+            TRY("add offset", pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, -1, row, off,
+                                        NULL, row2, &ops[n++]));
+            row = row2;
+        }
+        TRY("mask", tensor(g, uid++, CUDNN_DATA_BOOLEAN, sd, ss, true, false, &mask));
+        TRY("cmp", pointwise(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, col, NULL,
+                             mask, &ops[n++]));
+        TRY("fill", tensor(g, SDPA_UID_SCALE + 2, F, one, one, false, true, &fill));
+        TRY("S masked", tensor(g, uid++, F, sd, ss, true, false, &Sc));
+        TRY("select", pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, S1, fill, mask, Sc,
+                                &ops[n++]));
+        Sm = Sc;
+    }
+    TRY("rowmax", tensor(g, uid++, F, rd, rs, true, false, &mx));
+    TRY("max", reduction(g, CUDNN_REDUCE_TENSOR_MAX, Sm, mx, &ops[n++]));
+    TRY("S-max", tensor(g, uid++, F, sd, ss, true, false, &Sd));
+    TRY("sub", pointwise(g, CUDNN_POINTWISE_SUB, F, -1, Sm, mx, NULL, Sd, &ops[n++]));
+    TRY("exp", tensor(g, uid++, F, sd, ss, true, false, &E));
+    TRY("exp op", pointwise(g, CUDNN_POINTWISE_EXP, F, -1, Sd, NULL, NULL, E, &ops[n++]));
+    TRY("rowsum", tensor(g, uid++, F, rd, rs, true, false, &sum));
+    TRY("sum", reduction(g, CUDNN_REDUCE_TENSOR_ADD, E, sum, &ops[n++]));
+    TRY("log", tensor(g, uid++, F, rd, rs, true, false, &lg));
+    TRY("log op", pointwise(g, CUDNN_POINTWISE_LOG, F, -1, sum, NULL, NULL, lg, &ops[n++]));
+    TRY("stats op", pointwise(g, CUDNN_POINTWISE_ADD, F, -1, mx, lg, NULL, stats, &ops[n++]));
+    TRY("P", tensor(g, uid++, p->io_type, sd, ss, true, false, &P));
+    TRY("div", pointwise(g, CUDNN_POINTWISE_DIV, F, -1, E, sum, NULL, P, &ops[n++]));
+    TRY("bmm2", matmul(g, P, V, O, &ops[n++]));
+    TRY("graph", keep(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
+    TRY("graph", cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, n, ops));
+    TRY("graph finalize", cudnnBackendFinalize(g->graph));
+    return CUDNN_STATUS_SUCCESS;
+}
+
+void sdpa_cudnn_graph_free(sdpa_cudnn_graph *g)
+{
+    for (int i = g->n_objs - 1; i >= 0; i--)
+        cudnnBackendDestroyDescriptor(g->objs[i]);
+    memset(g, 0, sizeof *g);
+}
+
+cudnnStatus_t sdpa_cudnn_devprop_json(const char *json, cudnnBackendDescriptor_t *out)
+{
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, out);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(*out, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+                                      CUDNN_TYPE_CHAR, (int64_t)strlen(json) + 1, json);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendFinalize(*out);
+    return st;
+}
+
+cudnnStatus_t sdpa_cudnn_engine_configs(sdpa_cudnn_graph *g, cudnnBackendDescriptor_t devprop,
+                                        cudnnBackendDescriptor_t *cfgs, int max_cfgs, int *n_cfgs)
+{
+    *n_cfgs = 0;
+    const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+    for (int m = 0; m < 2 && *n_cfgs == 0; m++) {
+        cudnnBackendDescriptor_t heur;
+        if ((st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur)) !=
+            CUDNN_STATUS_SUCCESS)
+            return st;
+        st = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->graph);
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE,
+                                          1, &modes[m]);
+        if (st == CUDNN_STATUS_SUCCESS && devprop)
+            st = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnBackendFinalize(heur);
+        int64_t candidates = 0;
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &candidates, NULL);
+        if (st == CUDNN_STATUS_SUCCESS && candidates > 0) {
+            cudnnBackendDescriptor_t tmp[32];
+            const int64_t want = candidates < 32 ? candidates : 32;
+            int64_t made = 0, got = 0;
+            for (; made < want; made++)
+                if ((st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR,
+                                                       &tmp[made])) != CUDNN_STATUS_SUCCESS)
+                    break;
+            if (st == CUDNN_STATUS_SUCCESS)
+                st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, want, &got, tmp);
+            /* cuDNN runs its support checks here: got may be below the
+             * candidate count, down to 0 with SUCCESS ("unsupported"). */
+            for (int64_t i = 0; i < made; i++) {
+                if (st == CUDNN_STATUS_SUCCESS && i < got && cfgs && *n_cfgs < max_cfgs)
+                    cfgs[(*n_cfgs)++] = tmp[i];
+                else
+                    cudnnBackendDestroyDescriptor(tmp[i]);
+            }
+            if (!cfgs && st == CUDNN_STATUS_SUCCESS)
+                *n_cfgs = (int)got;
+        }
+        cudnnBackendDestroyDescriptor(heur);
+        if (st != CUDNN_STATUS_SUCCESS)
+            return st;
+    }
+    return st;
+}
