@@ -9,6 +9,8 @@
 #include "core.h"
 #include "half.h"
 
+#include <math.h>
+
 static inline float sdpa__load_f32(const void *base, sdpa_dtype t, int64_t i)
 {
     switch (t) {
@@ -58,6 +60,24 @@ static inline void sdpa__store_row(void *dst, sdpa_dtype t, int64_t stride, int6
 {
     for (int64_t j = 0; j < n; j++)
         sdpa__store_f32(dst, t, j * stride, src[j] * mul);
+}
+
+/*
+ * Finishes query row i of head h: out[b, i, h, :] = row * (1 / l), or
+ * zeros when l == 0 (the row saw no key), and lse = m + log(l) (-inf then).
+ * l is the softmax denominator and m the running max, in scaled units.
+ * Pass normalised = 1 when row is already divided by l.
+ */
+static inline void sdpa__store_result(const sdpa_call *c, int64_t b, int64_t i, int64_t h,
+                                      const float *row, float m, float l, int normalised)
+{
+    sdpa_tensor *out = c->out;
+    void *dst = (char *)out->data +
+                sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
+    const float mul = l > 0.0f ? (normalised ? 1.0f : 1.0f / l) : 0.0f;
+    sdpa__store_row(dst, out->dtype, out->stride[3], c->desc.D, mul, row);
+    if (c->lse)
+        c->lse[(b * c->desc.Hq + h) * c->desc.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 /* Element pointer arithmetic in bytes. */

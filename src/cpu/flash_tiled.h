@@ -172,18 +172,10 @@ static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
 static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb, int64_t b,
                       int64_t h, int64_t i0, int rows)
 {
-    const sdpa_call_desc *d = &c->desc;
-    sdpa_tensor *out = c->out;
     for (int r = 0; r < rows; r++) {
-        const float l = qb->l[r];
-        for (int64_t e = 0; e < d->D; e++)
+        for (int64_t e = 0; e < c->desc.D; e++) /* O^T column -> row */
             w->row[e] = qb->ot[e * BQ + r];
-        void *dst = (char *)out->data +
-                    sdpa__offset(out, b, i0 + r, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
-        sdpa__store_row(dst, out->dtype, out->stride[3], d->D, l > 0.0f ? 1.0f / l : 0.0f,
-                        w->row);
-        if (c->lse)
-            c->lse[(b * d->Hq + h) * d->Sq + i0 + r] = l > 0.0f ? qb->m[r] + logf(l) : -INFINITY;
+        sdpa__store_result(c, b, i0 + r, h, w->row, qb->m[r], qb->l[r], 0);
     }
 }
 

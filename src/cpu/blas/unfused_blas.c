@@ -131,15 +131,8 @@ static void blas_task(void *arg, int64_t task, int worker)
                     1.0f, s, (int)kv_end, v, (int)c->v->stride[1], 0.0f, o, (int)d->D);
     else
         memset(o, 0, sizeof(float) * (size_t)(rows * d->D));
-    sdpa_tensor *out = c->out;
-    for (int64_t r = 0; r < rows; r++) {
-        void *dst = (char *)out->data +
-                    sdpa__offset(out, b, i0 + r, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
-        sdpa__store_row(dst, out->dtype, out->stride[3], d->D, l[r] > 0.0f ? 1.0f : 0.0f,
-                        o + r * d->D);
-        if (c->lse)
-            c->lse[(b * d->Hq + h) * d->Sq + i0 + r] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
-    }
+    for (int64_t r = 0; r < rows; r++) /* P was normalised by softmax_row */
+        sdpa__store_result(c, b, i0 + r, h, o + r * d->D, m[r], l[r], 1);
 }
 
 static pthread_once_t single_thread_once = PTHREAD_ONCE_INIT;

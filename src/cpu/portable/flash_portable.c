@@ -169,16 +169,8 @@ static void flash_task(void *arg, int64_t task, int worker)
         gemm_acc(rows_p, Dp, bk, w->s, BK, w->v, Dp, w->o, Dp);
     }
 
-    sdpa_tensor *out = c->out;
-    for (int r = 0; r < rows; r++) {
-        const float l = w->l[r];
-        void *dst = (char *)out->data +
-                    sdpa__offset(out, b, i0 + r, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
-        sdpa__store_row(dst, out->dtype, out->stride[3], d->D, l > 0.0f ? 1.0f / l : 0.0f,
-                        w->o + (size_t)r * Dp);
-        if (c->lse)
-            c->lse[(b * d->Hq + h) * d->Sq + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
-    }
+    for (int r = 0; r < rows; r++)
+        sdpa__store_result(c, b, i0 + r, h, w->o + (size_t)r * Dp, w->m[r], w->l[r], 0);
 }
 
 static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
