@@ -218,11 +218,17 @@ typedef struct run_stats {
     sdpa_dtype dtype; /* of the attention inputs */
     double attn_ms;
     char backends[256]; /* distinct backends that ran, in order of first use */
+    char layers[1024];  /* "blocks.0.attn=cpu.avx512 ...", from the first step */
+    int step;
 } run_stats;
 
-static void note_backend(run_stats *s)
+static void note_backend(run_stats *s, const char *layer)
 {
     const char *b = sdpa_last_backend();
+    if (s->step == 0) {
+        size_t len = strlen(s->layers);
+        snprintf(s->layers + len, sizeof s->layers - len, "%s%s=%s", len ? " " : "", layer, b);
+    }
     if (strstr(s->backends, b))
         return;
     size_t len = strlen(s->backends);
@@ -230,7 +236,8 @@ static void note_backend(run_stats *s)
 }
 
 /* out[Tq][C] = attention(xq . wq, xkv . wk, xkv . wv) . wo, added with gate. */
-static sdpa_status attention(sdpa_layer *layer, const float *xq, int Tq, const float *xkv, int Tkv,
+static sdpa_status attention(sdpa_layer *layer, const char *name, const float *xq, int Tq,
+                             const float *xkv, int Tkv,
                              const float *wq, const float *wk, const float *wv, const float *wo,
                              int C, int H, float *scratch, float *residual, const float *gate,
                              run_stats *st)
@@ -261,7 +268,7 @@ static sdpa_status attention(sdpa_layer *layer, const float *xq, int Tq, const f
     st->attn_ms += tool_now_ms() - t0;
     if (s != SDPA_OK)
         return s;
-    note_backend(st);
+    note_backend(st, name);
     matmul(o, wo, proj, Tq, C, C, 0);
     for (int i = 0; i < Tq; i++)
         for (int c = 0; c < C; c++)
@@ -306,12 +313,15 @@ static sdpa_status model_forward(const model *m, const float *x, float t, float 
         const float *shift1 = mod, *scale1 = mod + C, *gate1 = mod + 2 * C;
         const float *shift2 = mod + 3 * C, *scale2 = mod + 4 * C, *gate2 = mod + 5 * C;
         modulate(tok, h, T, C, shift1, scale1);
-        sdpa_status s = attention(w->attn, h, T, h, T, w->wq, w->wk, w->wv, w->wo, C,
+        char name[48];
+        snprintf(name, sizeof name, "blocks.%d.attn", b);
+        sdpa_status s = attention(w->attn, name, h, T, h, T, w->wq, w->wk, w->wv, w->wo, C,
                                   cfg->heads, scratch, tok, gate1, st);
         if (s == SDPA_OK && cfg->cross) {
             modulate(tok, h, T, C, shift1, scale1);
-            s = attention(w->xattn, h, T, m->txt, Tt, w->cq, w->ck, w->cv, w->co, C, cfg->heads,
-                          scratch, tok, gate1, st);
+            snprintf(name, sizeof name, "blocks.%d.cross", b);
+            s = attention(w->xattn, name, h, T, m->txt, Tt, w->cq, w->ck, w->cv, w->co, C,
+                          cfg->heads, scratch, tok, gate1, st);
         }
         if (s != SDPA_OK)
             return s;
@@ -452,6 +462,8 @@ int dit_run(dit_session *s, int verbose, double *ms_total)
     for (size_t i = 0; i < n; i++)
         s->x[i] = (float)gauss();
     s->total_ms = s->attn_ms = 0;
+    s->st.step = 0;
+    s->st.layers[0] = '\0';
     for (int k = 0; k < s->steps; k++) {
         const float t = 1.0f - (float)k / s->steps, t_next = 1.0f - (float)(k + 1) / s->steps;
         const double t0 = tool_now_ms(), a0 = s->st.attn_ms;
@@ -462,6 +474,7 @@ int dit_run(dit_session *s, int verbose, double *ms_total)
             s->x[i] += (t_next - t) * (s->x[i] - s->x0[i]) / t;
         const double ms = tool_now_ms() - t0;
         s->total_ms += ms, s->attn_ms += s->st.attn_ms - a0;
+        s->st.step++;
         if (verbose)
             printf("  step %2d/%d  t=%.3f  %8.1f ms  attention %5.1f%%\n", k + 1, s->steps, t, ms,
                    100.0 * (s->st.attn_ms - a0) / ms);
@@ -479,6 +492,7 @@ static void dit_report(const dit_session *s)
            s->label, sdpa_dtype_name(s->st.dtype), s->steps, s->total_ms / s->steps,
            100.0 * s->attn_ms / s->total_ms, cfg->blocks * (cfg->cross ? 2 : 1),
            cfg->cross ? "self + cross" : "joint", s->st.backends);
+    printf("  per layer: %s\n", s->st.layers);
 }
 
 /* One full sampling run in a context of its own; the image and its timings. */
