@@ -179,7 +179,7 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
                                  NULL, col, &ops[n++]));
         if (p->causal == 2 && p->skv != p->sq) {
             cudnnBackendDescriptor_t off, row2;
-            TRY("offset", tensor(g, SDPA_UID_SCALE + 1, CUDNN_DATA_INT32, one, one, false, true,
+            TRY("offset", tensor(g, SDPA_UID_OFFSET, CUDNN_DATA_INT32, one, one, false, true,
                                  &off));
             TRY("row+offset", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row2));
             TRY("add offset", pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, -1, row, off,
@@ -189,7 +189,7 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
         TRY("mask", tensor(g, uid++, CUDNN_DATA_BOOLEAN, sd, ss, true, false, &mask));
         TRY("cmp", pointwise(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, col, NULL,
                              mask, &ops[n++]));
-        TRY("fill", tensor(g, SDPA_UID_SCALE + 2, F, one, one, false, true, &fill));
+        TRY("fill", tensor(g, SDPA_UID_FILL, F, one, one, false, true, &fill));
         TRY("S masked", tensor(g, uid++, F, sd, ss, true, false, &Sc));
         TRY("select", pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, S1, fill, mask, Sc,
                                 &ops[n++]));

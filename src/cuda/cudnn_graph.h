@@ -11,7 +11,12 @@
 #include <stdint.h>
 
 /* Unique ids of the graph's real (non-virtual) tensors: variant-pack keys. */
-enum { SDPA_UID_Q = 1, SDPA_UID_K, SDPA_UID_V, SDPA_UID_O, SDPA_UID_STATS, SDPA_UID_SCALE };
+enum {
+    SDPA_UID_Q = 1, SDPA_UID_K, SDPA_UID_V, SDPA_UID_O, SDPA_UID_STATS,
+    SDPA_UID_SCALE,  /* float, by value                               */
+    SDPA_UID_OFFSET, /* int32 Skv - Sq, by value (bottom-right causal) */
+    SDPA_UID_FILL    /* float -inf, by value (causal mask fill)        */
+};
 
 typedef struct sdpa_cudnn_problem {
     int64_t b, hq, hk, sq, skv, d;

@@ -12,7 +12,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define MAX_KERNELS 8
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
+static sdpa_backend merged[MAX_KERNELS]; /* declared backends with the plugin's run */
+static int n_merged;
+
+/* A plugin kernel can run when the plugin's probe found a device. */
+static int kernel_present(const sdpa_backend *self, const sdpa_platform *host, char *why,
+                          size_t n)
+{
+    (void)self;
+    if (host->cuda_present)
+        return 1;
+    sdpa__fmt(why, n, "not present here: %s", host->cuda_why);
+    return 0;
+}
 static const sdpa_cuda_plugin *plugin;
 static char plugin_path[1024];
 static char load_error[160]; /* fits sdpa_platform.cuda_why */
@@ -76,7 +91,29 @@ static void load_once(void)
         dlclose(h);
         return;
     }
+    static const sdpa_cuda_host host = {sdpa__fail};
+    p->init(&host);
     plugin = p; /* kept loaded for the life of the process */
+    for (int i = 0; p->kernels && p->kernels[i].name && n_merged < MAX_KERNELS; i++)
+        for (int b = 0; sdpa__builtin_backends[b]; b++)
+            if (strcmp(sdpa__builtin_backends[b]->name, p->kernels[i].name) == 0) {
+                sdpa_backend *m = &merged[n_merged++];
+                *m = *sdpa__builtin_backends[b];
+                m->version = p->kernels[i].version;
+                m->present = kernel_present;
+                m->run = p->kernels[i].run;
+            }
+}
+
+int sdpa__cuda_backends(const sdpa_backend **out, int max)
+{
+    sdpa_platform scratch;
+    memset(&scratch, 0, sizeof scratch);
+    sdpa__cuda_plugin_load(&scratch); /* loads once */
+    int n = 0;
+    for (; n < n_merged && n < max; n++)
+        out[n] = &merged[n];
+    return n;
 }
 
 const sdpa_cuda_plugin *sdpa__cuda_plugin_load(sdpa_platform *p)

@@ -1,8 +1,8 @@
 /*
  * plugin.c - libsdpa_cuda.so: the CUDA side of libsdpa, loaded at run time
- * (see plugin.h). This version probes the device and the libraries; the
- * cuda.cudnn, cuda.flash and cuda.unfused kernels are not in it yet, so it
- * lists no backends and the dispatcher keeps reporting them as not present.
+ * (see plugin.h). It probes the device and the libraries and provides
+ * cuda.cudnn (cudnn_run.c); cuda.flash and cuda.unfused are not in it yet,
+ * so the dispatcher keeps reporting those as not present.
  *
  * Everything here runs without a GPU: with only the toolkit's stub driver,
  * cudaGetDeviceCount fails (35, insufficient driver) and the probe says so.
@@ -12,6 +12,8 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <stdio.h>
+
+extern const sdpa_cuda_host *sdpa_cuda__host;
 
 static int probe(sdpa_platform *p, char *why, size_t n)
 {
@@ -40,13 +42,23 @@ static int probe(sdpa_platform *p, char *why, size_t n)
     return 1;
 }
 
-static const sdpa_backend *const backends[] = {NULL};
+const sdpa_cuda_host *sdpa_cuda__host;
+
+static void init(const sdpa_cuda_host *host) { sdpa_cuda__host = host; }
+
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
+
+static const sdpa_cuda_kernel kernels[] = {
+    {"cuda.cudnn", "cudnn-graph", sdpa_cuda__cudnn_run},
+    {NULL, NULL, NULL},
+};
 
 static const sdpa_cuda_plugin table = {
     .abi = SDPA_CUDA_PLUGIN_ABI,
     .version = SDPA_VERSION_STRING,
+    .init = init,
     .probe = probe,
-    .backends = backends,
+    .kernels = kernels,
 };
 
 __attribute__((visibility("default"))) const sdpa_cuda_plugin *sdpa_cuda_plugin_entry(void);

@@ -378,13 +378,11 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     for (int i = 0; sdpa__builtin_backends[i] && st == SDPA_OK; i++)
         st = sdpa__ctx_add_backend(ctx, sdpa__builtin_backends[i]);
     /* The CUDA plugin's kernels replace the declared placeholders. */
-    sdpa_platform scratch;
-    memset(&scratch, 0, sizeof scratch);
-    const sdpa_cuda_plugin *plugin = sdpa__cuda_plugin_load(&scratch);
-    for (int i = 0; plugin && plugin->backends[i]; i++) {
-        int b = sdpa__ctx_find(ctx, plugin->backends[i]->name);
+    const sdpa_backend *cuda[8];
+    for (int i = 0, n = sdpa__cuda_backends(cuda, 8); i < n; i++) {
+        int b = sdpa__ctx_find(ctx, cuda[i]->name);
         if (b >= 0)
-            ctx->backends[b] = plugin->backends[i];
+            ctx->backends[b] = cuda[i];
     }
     if (st == SDPA_OK)
         st = install_policy(ctx, sdpa__default_rules_text, "default.rules");

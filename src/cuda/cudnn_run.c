@@ -1,0 +1,288 @@
+/*
+ * cudnn_run.c - cuda.cudnn: running the SDPA graph of cudnn_graph.c.
+ *
+ * Per call: check what cuDNN needs that the capability table cannot say
+ * (output in the input dtype, unit D-stride, 16-byte aligned pointers),
+ * find or build the execution plan, and execute it on the caller's stream.
+ *
+ * Plans are cached per (device, sizes, strides, dtype, mask, stats) in a
+ * small process-wide table. Building one compiles kernels (NVRTC, about a
+ * second), so it happens under the cache lock once per shape; later calls
+ * cost a lookup. cuDNN handles are per thread (a handle must not be used
+ * by two threads at once). The workspace is a per-thread device buffer
+ * that only grows, so the hot path does no cudaMalloc.
+ *
+ * Status mapping (shared/notes/cudnn-backend-sdpa.md, section 6):
+ * no viable engine or NOT_SUPPORTED_* -> UNSUPPORTED (the layer latches to
+ * the next backend); missing driver/library -> NOT_AVAILABLE; allocation
+ * failures -> OUT_OF_MEMORY; BAD_PARAM -> INTERNAL (our bug); failures
+ * while executing -> DEVICE_ERROR. Nothing is swallowed.
+ *
+ * Not yet run on a GPU: scripts/gpu-check.sh is the test.
+ */
+#include "cudnn_graph.h"
+#include "plugin.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+extern const sdpa_cuda_host *sdpa_cuda__host;
+
+typedef struct plan_key {
+    int device;
+    sdpa_cudnn_problem p;
+} plan_key;
+
+typedef struct plan_entry {
+    int used;
+    uint64_t last_use;
+    plan_key key;
+    sdpa_cudnn_graph graph;
+    cudnnBackendDescriptor_t cfg, plan;
+    int64_t workspace;
+} plan_entry;
+
+#define PLAN_SLOTS 32
+
+static plan_entry plans[PLAN_SLOTS];
+static uint64_t plan_clock;
+static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static _Thread_local cudnnHandle_t handle;
+static _Thread_local int handle_device = -1;
+static _Thread_local void *workspace;
+static _Thread_local size_t workspace_size;
+
+static sdpa_status fail_cudnn(cudnnStatus_t st, int executing, const char *what)
+{
+    const int code = (int)st;
+    sdpa_status s;
+    if (code >= 3005 && code <= 3009)
+        s = SDPA_NOT_AVAILABLE; /* driver, runtime, arch or library missing */
+    else if (code >= 3000 && code < 4000)
+        s = SDPA_UNSUPPORTED;
+    else if (code >= 1000 && code < 2000)
+        s = SDPA_NOT_AVAILABLE;
+    else if (code == 4003 || code == 4004)
+        s = SDPA_OUT_OF_MEMORY;
+    else if (code >= 2000 && code < 3000)
+        s = SDPA_INTERNAL;
+    else if (executing)
+        s = SDPA_DEVICE_ERROR;
+    else
+        s = SDPA_UNSUPPORTED; /* compilation or internal failure while building */
+    char detail[256] = "";
+    cudnnGetLastErrorString(detail, sizeof detail);
+    return sdpa_cuda__host->fail(s, "cuda.cudnn: %s: %s (%d)%s%.200s", what,
+                                 cudnnGetErrorString(st), code, detail[0] ? ": " : "", detail);
+}
+
+/* [B, S, H, D] strides -> the graph's [b, h, s, d] order. */
+static void bhsd(const sdpa_tensor *t, int64_t out[4])
+{
+    out[0] = t->stride[0], out[1] = t->stride[2], out[2] = t->stride[1], out[3] = t->stride[3];
+}
+
+static int same_key(const plan_key *a, const plan_key *b)
+{
+    return memcmp(a, b, sizeof *a) == 0; /* keys are memset before filling */
+}
+
+/* The plan for key: from the cache, or built now (under the lock). */
+static sdpa_status get_plan(const plan_key *key, plan_entry **out)
+{
+    pthread_mutex_lock(&plan_lock);
+    plan_entry *victim = &plans[0];
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        if (plans[i].used && same_key(&plans[i].key, key)) {
+            plans[i].last_use = ++plan_clock;
+            *out = &plans[i];
+            pthread_mutex_unlock(&plan_lock);
+            return SDPA_OK;
+        }
+        if (!plans[i].used || (victim->used && plans[i].last_use < victim->last_use))
+            victim = &plans[i];
+    }
+    if (victim->used) { /* evict the least recently used plan */
+        cudnnBackendDestroyDescriptor(victim->plan);
+        cudnnBackendDestroyDescriptor(victim->cfg);
+        sdpa_cudnn_graph_free(&victim->graph);
+        victim->used = 0;
+    }
+    const char *where = "";
+    sdpa_status result = SDPA_OK;
+    cudnnStatus_t st = sdpa_cudnn_graph_build(&key->p, &victim->graph, &where);
+    cudnnBackendDescriptor_t dev = NULL, cfgs[8];
+    int n = 0;
+    if (st == CUDNN_STATUS_SUCCESS) {
+        st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dev);
+        int64_t id = key->device;
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnBackendSetAttribute(dev, CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT64,
+                                          1, &id);
+        if (st == CUDNN_STATUS_SUCCESS)
+            st = cudnnBackendFinalize(dev);
+        where = "device properties";
+    }
+    if (st == CUDNN_STATUS_SUCCESS) {
+        st = sdpa_cudnn_engine_configs(&victim->graph, dev, cfgs, 8, &n);
+        where = "heuristics";
+    }
+    if (st != CUDNN_STATUS_SUCCESS) {
+        result = fail_cudnn(st, 0, where);
+    } else if (n == 0) {
+        result = sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                       "cuda.cudnn: no engine configuration for this shape "
+                                       "(cuDNN's support checks rejected all)");
+    } else {
+        /* The first configuration that builds wins; the others are freed. */
+        cudnnStatus_t last = CUDNN_STATUS_SUCCESS;
+        for (int i = 0; i < n; i++) {
+            if (victim->used) {
+                cudnnBackendDestroyDescriptor(cfgs[i]);
+                continue;
+            }
+            cudnnBackendDescriptor_t plan;
+            last = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
+            if (last == CUDNN_STATUS_SUCCESS)
+                last = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
+            if (last == CUDNN_STATUS_SUCCESS)
+                last = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dev);
+            if (last == CUDNN_STATUS_SUCCESS)
+                last = cudnnBackendFinalize(plan);
+            int64_t ws = 0;
+            if (last == CUDNN_STATUS_SUCCESS)
+                last = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                CUDNN_TYPE_INT64, 1, NULL, &ws);
+            if (last == CUDNN_STATUS_SUCCESS) {
+                victim->used = 1, victim->plan = plan, victim->cfg = cfgs[i];
+                victim->workspace = ws, victim->key = *key;
+                victim->last_use = ++plan_clock;
+            } else {
+                cudnnBackendDestroyDescriptor(plan);
+                cudnnBackendDestroyDescriptor(cfgs[i]);
+                if (last == CUDNN_STATUS_ALLOC_FAILED || (int)last == 4004)
+                    break; /* out of memory is not "try another engine" */
+            }
+        }
+        if (!victim->used)
+            result = fail_cudnn(last, 0, "building the execution plan");
+    }
+    if (dev)
+        cudnnBackendDestroyDescriptor(dev);
+    if (!victim->used)
+        sdpa_cudnn_graph_free(&victim->graph);
+    *out = victim->used ? victim : NULL;
+    pthread_mutex_unlock(&plan_lock);
+    return result;
+}
+
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
+
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_call_desc *d = &c->desc;
+    const sdpa_tensor *t[4] = {c->q, c->k, c->v, c->out};
+    static const char *names[4] = {"q", "k", "v", "out"};
+    if (c->out->dtype != c->q->dtype)
+        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                     "cuda.cudnn: out must have the input dtype (%d), got %d",
+                                     (int)c->q->dtype, (int)c->out->dtype);
+    for (int i = 0; i < 4; i++) {
+        if (t[i]->stride[3] != 1)
+            return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                         "cuda.cudnn: %s needs unit stride along D", names[i]);
+        if ((uintptr_t)t[i]->data % 16 != 0)
+            return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                         "cuda.cudnn: %s is not 16-byte aligned", names[i]);
+    }
+    if (c->lse && (uintptr_t)c->lse % 16 != 0)
+        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED, "cuda.cudnn: lse is not 16-byte aligned");
+    if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Sq > d->Skv)
+        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                     "cuda.cudnn: bottom-right causal with Sq > Skv (rows that "
+                                     "see no key) is not supported by cuDNN without padding");
+    const int device = c->q->device.ordinal;
+    cudaError_t ce = cudaSetDevice(device);
+    if (ce != cudaSuccess)
+        return sdpa_cuda__host->fail(SDPA_DEVICE_ERROR, "cuda.cudnn: cudaSetDevice(%d): %s",
+                                     device, cudaGetErrorString(ce));
+    cudnnStatus_t st;
+    if (!handle || handle_device != device) {
+        if (handle)
+            cudnnDestroy(handle);
+        handle = NULL;
+        if ((st = cudnnCreate(&handle)) != CUDNN_STATUS_SUCCESS)
+            return fail_cudnn(st, 0, "cudnnCreate");
+        handle_device = device;
+    }
+    if ((st = cudnnSetStream(handle, (cudaStream_t)c->stream)) != CUDNN_STATUS_SUCCESS)
+        return fail_cudnn(st, 1, "cudnnSetStream");
+
+    plan_key key;
+    memset(&key, 0, sizeof key);
+    key.device = device;
+    sdpa_cudnn_problem *p = &key.p;
+    p->b = d->B, p->hq = d->Hq, p->hk = d->Hkv, p->sq = d->Sq, p->skv = d->Skv, p->d = d->D;
+    bhsd(c->q, p->q_stride), bhsd(c->k, p->k_stride), bhsd(c->v, p->v_stride);
+    bhsd(c->out, p->o_stride);
+    p->io_type = c->q->dtype == SDPA_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+    p->causal = (int)c->causal;
+    p->want_stats = c->lse != NULL;
+    plan_entry *e;
+    sdpa_status s = get_plan(&key, &e);
+    if (s != SDPA_OK)
+        return s;
+
+    if ((size_t)e->workspace > workspace_size) {
+        if (workspace)
+            cudaFree(workspace);
+        workspace = NULL, workspace_size = 0;
+        if ((ce = cudaMalloc(&workspace, (size_t)e->workspace)) != cudaSuccess)
+            return sdpa_cuda__host->fail(
+                ce == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY : SDPA_DEVICE_ERROR,
+                "cuda.cudnn: workspace of %lld bytes: %s", (long long)e->workspace,
+                cudaGetErrorString(ce));
+        workspace_size = (size_t)e->workspace;
+    }
+    float scale = (float)c->scale, fill = -INFINITY;
+    int32_t offset = (int32_t)(d->Skv - d->Sq);
+    int64_t uids[8];
+    void *ptrs[8];
+    int n = 0;
+    uids[n] = SDPA_UID_Q, ptrs[n++] = c->q->data;
+    uids[n] = SDPA_UID_K, ptrs[n++] = c->k->data;
+    uids[n] = SDPA_UID_V, ptrs[n++] = c->v->data;
+    uids[n] = SDPA_UID_O, ptrs[n++] = c->out->data;
+    uids[n] = SDPA_UID_SCALE, ptrs[n++] = &scale;
+    if (c->lse)
+        uids[n] = SDPA_UID_STATS, ptrs[n++] = c->lse;
+    if (c->causal != SDPA_CAUSAL_NONE)
+        uids[n] = SDPA_UID_FILL, ptrs[n++] = &fill;
+    if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Skv != d->Sq)
+        uids[n] = SDPA_UID_OFFSET, ptrs[n++] = &offset;
+    cudnnBackendDescriptor_t pack;
+    if ((st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack)) !=
+        CUDNN_STATUS_SUCCESS)
+        return fail_cudnn(st, 0, "variant pack");
+    st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n,
+                                  uids);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                      CUDNN_TYPE_VOID_PTR, n, ptrs);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR,
+                                      1, &workspace);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendFinalize(pack);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendExecute(handle, e->plan, pack);
+    cudnnBackendDestroyDescriptor(pack);
+    return st == CUDNN_STATUS_SUCCESS ? SDPA_OK : fail_cudnn(st, 1, "execute");
+}
