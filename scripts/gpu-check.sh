@@ -36,8 +36,9 @@ note "device: $(grep '^cuda' "$out/info.txt")"
 
 present=$(grep -E '^  cuda\.' "$out/info.txt" | awk '$NF == "present" {print $1}' | paste -sd, -)
 if [ -n "$present" ]; then
-  timeout 120 build-gpu/tests/test_grid ${present//,/ } >"$out/grid.txt" 2>&1
-  note "grid ($present): $(tail -1 "$out/grid.txt")"
+  SDPA_CUDA_PLUGIN=$PWD/build-gpu/libsdpa_cuda.so timeout 150 build-gpu/tests/test_cuda_grid \
+    >"$out/grid.txt" 2>&1
+  note "cuda grid ($present): $(tail -1 "$out/grid.txt")"
   timeout 150 $sdpa bench --suite "$shapes/diffusion-gpu.tsv" --backends "$present" --dtype bf16 \
     --reps 5 >"$out/bench.txt" 2>&1
   note "bench: $(grep -c winner "$out/bench.txt") rows timed (see bench.txt)"
