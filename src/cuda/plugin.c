@@ -1,8 +1,8 @@
 /*
  * plugin.c - libsdpa_cuda.so: the CUDA side of libsdpa, loaded at run time
  * (see plugin.h). It probes the device and the libraries and provides
- * cuda.cudnn (cudnn_run.c); cuda.flash and cuda.unfused are not in it yet,
- * so the dispatcher keeps reporting those as not present.
+ * cuda.cudnn (cudnn_run.c) and cuda.unfused (unfused.cu); cuda.flash is not
+ * in it yet, so the dispatcher keeps reporting it as not present.
  *
  * Everything here runs without a GPU: with only the toolkit's stub driver,
  * cudaGetDeviceCount fails (35, insufficient driver) and the probe says so.
@@ -47,9 +47,13 @@ const sdpa_cuda_host *sdpa_cuda__host;
 static void init(const sdpa_cuda_host *host) { sdpa_cuda__host = host; }
 
 sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c);
 
 static const sdpa_cuda_kernel kernels[] = {
     {"cuda.cudnn", "cudnn-graph", sdpa_cuda__cudnn_run},
+#ifdef SDPA_HAVE_CUDA_KERNELS
+    {"cuda.unfused", "cublas", sdpa_cuda__unfused_run},
+#endif
     {NULL, NULL, NULL},
 };
 

@@ -1,0 +1,219 @@
+/*
+ * unfused.cu - cuda.unfused: attention as the textbook says, for any head
+ * dim and fp32 too: S = scale * Q K^T (cuBLAS, fp32 accumulation), a
+ * row softmax kernel (mask, max, exp, sum; LSE), O = P V (cuBLAS), and a
+ * store kernel into the caller's dtype and strides. It is the last-resort
+ * GPU path and the GPU-side reference for shapes too large for ref.
+ *
+ * Costs, stated: S and P are materialised in fp32 for a block of query
+ * rows (at most 256 MiB at a time), one (batch, head) at a time, and V is
+ * widened to fp32 per (batch, kv head). Temporary memory comes from the
+ * stream-ordered allocator (cudaMallocAsync), so there is no device-wide
+ * synchronisation; everything runs on the caller's stream.
+ *
+ * Written and compiled without a GPU; scripts/gpu-check.sh is its test.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+extern "C" {
+#include "plugin.h"
+extern const sdpa_cuda_host *sdpa_cuda__host;
+sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c);
+}
+
+static __device__ float load_elem(const void *p, int dtype, int64_t i)
+{
+    if (dtype == SDPA_F32)
+        return ((const float *)p)[i];
+    const unsigned short h = ((const unsigned short *)p)[i];
+    if (dtype == SDPA_BF16)
+        return __uint_as_float((unsigned int)h << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+static __device__ void store_elem(void *p, int dtype, int64_t i, float v)
+{
+    if (dtype == SDPA_F32)
+        ((float *)p)[i] = v;
+    else if (dtype == SDPA_BF16)
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else
+        ((__half *)p)[i] = __float2half_rn(v);
+}
+
+/* dst[j][d] = src(b, j, hk, d) widened to fp32, contiguous [Skv][D]. */
+static __global__ void widen_rows(const void *src, int dtype, int64_t base, int64_t s_stride,
+                                  int64_t d_stride, int64_t rows, int64_t D, float *dst)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * D)
+        return;
+    const int64_t j = i / D, d = i % D;
+    dst[i] = load_elem(src, dtype, base + j * s_stride + d * d_stride);
+}
+
+/*
+ * One block per query row of S [rows][Skv]: mask (keys j > i + offset),
+ * softmax in place, LSE = max + log(sum). Rows that see no key: P = 0 and
+ * LSE = -inf, as on every libsdpa backend.
+ */
+static __global__ void softmax_rows(float *S, int64_t Skv, int64_t row0, int causal,
+                                    int64_t offset, float *lse_row)
+{
+    extern __shared__ float red[];
+    const int64_t r = blockIdx.x, i = row0 + r;
+    float *s = S + r * Skv;
+    int64_t n = Skv;
+    if (causal) {
+        const int64_t last = i + offset;
+        n = last < 0 ? 0 : (last + 1 < Skv ? last + 1 : Skv);
+    }
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+        mx = fmaxf(mx, s[j]);
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w)
+            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
+        __syncthreads();
+    }
+    mx = red[0];
+    __syncthreads();
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < Skv; j += blockDim.x) {
+        const float e = j < n ? expf(s[j] - mx) : 0.0f;
+        s[j] = e;
+        sum += e;
+    }
+    red[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w)
+            red[threadIdx.x] += red[threadIdx.x + w];
+        __syncthreads();
+    }
+    sum = red[0];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int64_t j = threadIdx.x; j < Skv; j += blockDim.x)
+        s[j] *= inv;
+    if (threadIdx.x == 0 && lse_row)
+        lse_row[r] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+}
+
+/* out(b, i, h, d) = O[r][d] in out's dtype and strides. */
+static __global__ void store_rows(const float *O, int64_t rows, int64_t D, void *out, int dtype,
+                                  int64_t base, int64_t s_stride, int64_t d_stride)
+{
+    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= rows * D)
+        return;
+    store_elem(out, dtype, base + (k / D) * s_stride + (k % D) * d_stride, O[k]);
+}
+
+static thread_local cublasHandle_t cublas;
+static thread_local int cublas_device = -1;
+
+static sdpa_status cuda_fail(cudaError_t e, const char *what)
+{
+    return sdpa_cuda__host->fail(e == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY
+                                                                 : SDPA_DEVICE_ERROR,
+                                 "cuda.unfused: %s: %s", what, cudaGetErrorString(e));
+}
+
+static sdpa_status blas_fail(cublasStatus_t s, const char *what)
+{
+    return sdpa_cuda__host->fail(s == CUBLAS_STATUS_ALLOC_FAILED ? SDPA_OUT_OF_MEMORY
+                                 : s == CUBLAS_STATUS_NOT_SUPPORTED ? SDPA_UNSUPPORTED
+                                                                    : SDPA_DEVICE_ERROR,
+                                 "cuda.unfused: %s: cuBLAS status %d", what, (int)s);
+}
+
+static cudaDataType_t cuda_type(int dtype)
+{
+    return dtype == SDPA_F32 ? CUDA_R_32F : dtype == SDPA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_call_desc *d = &c->desc;
+    const sdpa_tensor *q = c->q, *k = c->k, *v = c->v, *out = c->out;
+    if (q->stride[3] != 1 || k->stride[3] != 1)
+        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                     "cuda.unfused: q and k need unit stride along D (cuBLAS)");
+    const int device = q->device.ordinal;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess)
+        return cuda_fail(e, "cudaSetDevice");
+    cublasStatus_t bs;
+    if (!cublas || cublas_device != device) {
+        if (cublas)
+            cublasDestroy(cublas);
+        cublas = NULL;
+        if ((bs = cublasCreate(&cublas)) != CUBLAS_STATUS_SUCCESS)
+            return blas_fail(bs, "cublasCreate");
+        cublas_device = device;
+    }
+    cudaStream_t stream = (cudaStream_t)c->stream;
+    cublasSetStream(cublas, stream);
+    const int64_t D = d->D, Sq = d->Sq, Skv = d->Skv, g = d->Hq / d->Hkv;
+    int64_t rows = (int64_t)(256ll << 20) / (4 * Skv); /* S block of at most 256 MiB */
+    rows = rows < 1 ? 1 : (rows > Sq ? Sq : rows);
+    float *S = NULL, *Vf = NULL, *O = NULL;
+    if ((e = cudaMallocAsync((void **)&S, sizeof(float) * rows * Skv, stream)) != cudaSuccess ||
+        (e = cudaMallocAsync((void **)&Vf, sizeof(float) * Skv * D, stream)) != cudaSuccess ||
+        (e = cudaMallocAsync((void **)&O, sizeof(float) * rows * D, stream)) != cudaSuccess) {
+        cudaFreeAsync(S, stream), cudaFreeAsync(Vf, stream), cudaFreeAsync(O, stream);
+        return cuda_fail(e, "temporary buffers");
+    }
+    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? Skv - Sq : 0;
+    const float alpha = (float)c->scale, one = 1.0f, zero = 0.0f;
+    const size_t es = q->dtype == SDPA_F32 ? 4 : 2;
+    sdpa_status result = SDPA_OK;
+    for (int64_t b = 0; b < d->B && result == SDPA_OK; b++)
+        for (int64_t hk = 0; hk < d->Hkv && result == SDPA_OK; hk++) {
+            const int64_t vbase = b * v->stride[0] + hk * v->stride[2];
+            widen_rows<<<(unsigned)((Skv * D + 255) / 256), 256, 0, stream>>>(
+                v->data, v->dtype, vbase, v->stride[1], v->stride[3], Skv, D, Vf);
+            const char *kp = (const char *)k->data + (b * k->stride[0] + hk * k->stride[2]) * es;
+            for (int64_t h = hk * g; h < (hk + 1) * g && result == SDPA_OK; h++)
+                for (int64_t i0 = 0; i0 < Sq && result == SDPA_OK; i0 += rows) {
+                    const int64_t n = Sq - i0 < rows ? Sq - i0 : rows;
+                    const char *qp = (const char *)q->data +
+                                     (b * q->stride[0] + i0 * q->stride[1] + h * q->stride[2]) * es;
+                    /* column-major: S^T [Skv x n] = (K^T)^T [Skv x D] . Q^T [D x n] */
+                    bs = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)Skv, (int)n, (int)D,
+                                      &alpha, kp, cuda_type(k->dtype), (int)k->stride[1], qp,
+                                      cuda_type(q->dtype), (int)q->stride[1], &zero, S, CUDA_R_32F,
+                                      (int)Skv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                    if (bs != CUBLAS_STATUS_SUCCESS) {
+                        result = blas_fail(bs, "Q.K^T");
+                        break;
+                    }
+                    float *lse = c->lse ? c->lse + (b * d->Hq + h) * Sq + i0 : NULL;
+                    softmax_rows<<<(unsigned)n, 256, 256 * sizeof(float), stream>>>(
+                        S, Skv, i0, c->causal != SDPA_CAUSAL_NONE, offset, lse);
+                    /* O^T [D x n] = V^T [D x Skv] . P^T [Skv x n] */
+                    bs = cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, (int)n, (int)Skv,
+                                      &one, Vf, CUDA_R_32F, (int)D, S, CUDA_R_32F, (int)Skv, &zero,
+                                      O, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT);
+                    if (bs != CUBLAS_STATUS_SUCCESS) {
+                        result = blas_fail(bs, "P.V");
+                        break;
+                    }
+                    store_rows<<<(unsigned)((n * D + 255) / 256), 256, 0, stream>>>(
+                        O, n, D, out->data, out->dtype,
+                        b * out->stride[0] + i0 * out->stride[1] + h * out->stride[2],
+                        out->stride[1], out->stride[3]);
+                }
+        }
+    if (result == SDPA_OK && (e = cudaGetLastError()) != cudaSuccess)
+        result = cuda_fail(e, "kernel launch");
+    cudaFreeAsync(S, stream), cudaFreeAsync(Vf, stream), cudaFreeAsync(O, stream);
+    return result;
+}
