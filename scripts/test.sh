@@ -21,7 +21,7 @@ configure_and_test() { # dir, ctest filter, cmake flags...
 }
 
 configure_and_test build "" -DCMAKE_BUILD_TYPE=Release
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
 TSAN_OPTIONS=halt_on_error=1 \
