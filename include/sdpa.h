@@ -218,7 +218,12 @@ typedef struct sdpa_platform {
     char cuda_why[160];            /* why no CUDA device is usable, if none    */
 } sdpa_platform;
 
-/* Reads this machine: CPUID/XGETBV, AMX permission, core count, CUDA plugin. */
+/*
+ * Reads this machine: CPUID/XGETBV, AMX permission, core count, and CUDA
+ * device 0 through the CUDA plugin (libsdpa_cuda.so beside libsdpa, or the
+ * absolute path in SDPA_CUDA_PLUGIN; never the current directory). When no
+ * device is usable, cuda_why says why.
+ */
 sdpa_status sdpa_platform_detect(sdpa_platform *out);
 
 /*

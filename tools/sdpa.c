@@ -399,7 +399,8 @@ static void usage(FILE *f)
             "  dit      [--config image|video] [--steps K] [--seed N] [--backends A[,B] | --rules\n"
             "           FA[,FB]] [--out PREFIX] [--verbose]   a small DiT; two arms: PSNR/SSIM\n"
             "  info     [--platform ..]\n"
-            "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_POLICY_FOREIGN, SDPA_LOG, SDPA_MAX_ISA (README.md)\n");
+            "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_POLICY_FOREIGN, SDPA_LOG, SDPA_MAX_ISA,\n"
+            "SDPA_CUDA_PLUGIN (README.md)\n");
 }
 
 int main(int argc, char **argv)
