@@ -223,6 +223,30 @@ void sdpa_cudnn_graph_free(sdpa_cudnn_graph *g)
     memset(g, 0, sizeof *g);
 }
 
+cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t devprop,
+                                    cudnnBackendDescriptor_t *plan, int64_t *workspace)
+{
+    *workspace = 0;
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, plan);
+    if (st != CUDNN_STATUS_SUCCESS)
+        return st;
+    st = cudnnBackendSetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+    if (st == CUDNN_STATUS_SUCCESS && devprop)
+        st = cudnnBackendSetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
+                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendFinalize(*plan);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendGetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                      CUDNN_TYPE_INT64, 1, NULL, workspace);
+    if (st != CUDNN_STATUS_SUCCESS) {
+        cudnnBackendDestroyDescriptor(*plan);
+        *plan = NULL;
+    }
+    return st;
+}
+
 cudnnStatus_t sdpa_cudnn_devprop_json(const char *json, cudnnBackendDescriptor_t *out)
 {
     cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, out);

@@ -50,6 +50,14 @@ cudnnStatus_t sdpa_cudnn_engine_configs(sdpa_cudnn_graph *g, cudnnBackendDescrip
                                         cudnnBackendDescriptor_t *cfgs, int max_cfgs,
                                         int *n_cfgs);
 
+/*
+ * An execution plan from one engine configuration on the described device
+ * (finalizing compiles the kernel); its workspace size in *workspace. On
+ * failure nothing is left allocated.
+ */
+cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t devprop,
+                                    cudnnBackendDescriptor_t *plan, int64_t *workspace);
+
 /* A DEVICEPROP descriptor from a JSON description (for machines without the GPU). */
 cudnnStatus_t sdpa_cudnn_devprop_json(const char *json, cudnnBackendDescriptor_t *out);
 

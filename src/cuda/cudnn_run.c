@@ -146,25 +146,13 @@ static sdpa_status get_plan(const plan_key *key, plan_entry **out)
                 continue;
             }
             cudnnBackendDescriptor_t plan;
-            last = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-            if (last == CUDNN_STATUS_SUCCESS)
-                last = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
-            if (last == CUDNN_STATUS_SUCCESS)
-                last = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
-                                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dev);
-            if (last == CUDNN_STATUS_SUCCESS)
-                last = cudnnBackendFinalize(plan);
             int64_t ws = 0;
-            if (last == CUDNN_STATUS_SUCCESS)
-                last = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                CUDNN_TYPE_INT64, 1, NULL, &ws);
+            last = sdpa_cudnn_build_plan(cfgs[i], dev, &plan, &ws);
             if (last == CUDNN_STATUS_SUCCESS) {
                 victim->used = 1, victim->plan = plan, victim->cfg = cfgs[i];
                 victim->workspace = ws, victim->key = *key;
                 victim->last_use = ++plan_clock;
             } else {
-                cudnnBackendDestroyDescriptor(plan);
                 cudnnBackendDestroyDescriptor(cfgs[i]);
                 if (last == CUDNN_STATUS_ALLOC_FAILED || (int)last == 4004)
                     break; /* out of memory is not "try another engine" */

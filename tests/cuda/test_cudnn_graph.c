@@ -106,14 +106,10 @@ static int configs_for(const sdpa_cudnn_problem *p, int sm, cudnnBackendDescript
     if (first && n > 0) {
         /* Build a plan from the first config: cuDNN compiles the kernel. */
         cudnnBackendDescriptor_t plan;
-        cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[0]);
-        cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dev);
+        int64_t ws;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        cudnnStatus_t ps = cudnnBackendFinalize(plan);
+        cudnnStatus_t ps = sdpa_cudnn_build_plan(cfg[0], dev, &plan, &ws); /* as cuda.cudnn does */
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
         printf("  plan finalize on sm_%d: status %d (%s) after %.2f s\n", sm, (int)ps,
@@ -123,7 +119,8 @@ static int configs_for(const sdpa_cudnn_problem *p, int sm, cudnnBackendDescript
               "plan for %lld,%lld,%lld,%lld,%lld,%lld on sm_%d: %d (%s)", (long long)p->b,
               (long long)p->sq, (long long)p->skv, (long long)p->hq, (long long)p->hk,
               (long long)p->d, sm, (int)ps, cudnnGetErrorString(ps));
-        cudnnBackendDestroyDescriptor(plan);
+        if (ps == CUDNN_STATUS_SUCCESS)
+            cudnnBackendDestroyDescriptor(plan);
         for (int i = 0; i < n; i++)
             cudnnBackendDestroyDescriptor(cfg[i]);
     }
