@@ -124,48 +124,9 @@ int cmd_bench(int argc, char **argv)
         return rc;
     const char *names[MAX_BENCH_BACKENDS];
     int nb = 0;
-    char list[512];
-    const int all = f[BACKENDS].value && strcmp(f[BACKENDS].value, "all") == 0;
-    if (f[BACKENDS].value && !all) {
-        if (strlen(f[BACKENDS].value) >= sizeof list) {
-            sdpa_context_destroy(ctx);
-            return tool_usage_error("--backends list too long");
-        }
-        strcpy(list, f[BACKENDS].value);
-        char *save = NULL;
-        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            int found = 0;
-            for (int i = 0; i < sdpa_backend_count(ctx) && !found; i++) {
-                sdpa_backend_info b;
-                sdpa_backend_get(ctx, i, &b);
-                if (strcmp(b.name, tok) == 0) {
-                    found = 1;
-                    if (!b.present) {
-                        sdpa_context_destroy(ctx);
-                        return tool_usage_error("--backends: %s is not present here: %s", tok,
-                                                b.why_absent);
-                    }
-                    if (nb == MAX_BENCH_BACKENDS) {
-                        sdpa_context_destroy(ctx);
-                        return tool_usage_error("--backends: at most %d", MAX_BENCH_BACKENDS);
-                    }
-                    names[nb++] = b.name;
-                }
-            }
-            if (!found) {
-                sdpa_context_destroy(ctx);
-                return tool_usage_error("--backends: '%s' unknown (see `sdpa info`)", tok);
-            }
-        }
-    } else {
-        /* Every present CPU backend; the float64 oracle only with "all" (it
-         * is too slow to time on real shapes). */
-        for (int i = 0; i < sdpa_backend_count(ctx) && nb < MAX_BENCH_BACKENDS; i++) {
-            sdpa_backend_info b;
-            sdpa_backend_get(ctx, i, &b);
-            if (b.present && b.device == SDPA_DEVICE_CPU && (all || strcmp(b.name, "ref") != 0))
-                names[nb++] = b.name;
-        }
+    if ((rc = suite_backends(ctx, f[BACKENDS].value, 1, names, MAX_BENCH_BACKENDS, &nb)) != 0) {
+        sdpa_context_destroy(ctx);
+        return rc;
     }
     const int json = f[JSON].value != NULL;
     const sdpa_platform *plat = sdpa_context_platform(ctx);

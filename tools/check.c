@@ -43,33 +43,6 @@ static int shrink(sdpa_call_desc *d, double budget)
     return changed;
 }
 
-static int get_backends(sdpa_context *ctx, const char *list, const char **names, int *nb)
-{
-    *nb = 0;
-    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
-        sdpa_backend_info b;
-        sdpa_backend_get(ctx, i, &b);
-        int wanted;
-        if (!list || strcmp(list, "all") == 0) {
-            wanted = b.present && strcmp(b.name, "ref") != 0;
-        } else {
-            char buf[512];
-            snprintf(buf, sizeof buf, ",%s,", list);
-            char key[80];
-            snprintf(key, sizeof key, ",%s,", b.name);
-            wanted = strstr(buf, key) != NULL;
-            if (wanted && !b.present)
-                return tool_usage_error("--backends: %s is not present here: %s", b.name,
-                                        b.why_absent);
-        }
-        if (wanted && *nb < MAX_CHECK_BACKENDS)
-            names[(*nb)++] = b.name;
-    }
-    if (*nb == 0)
-        return tool_usage_error("--backends: no known backend in '%s'", list ? list : "");
-    return 0;
-}
-
 int cmd_check(int argc, char **argv)
 {
     tool_flag f[] = {{"--suite", 1, NULL},   {"--shape", 1, NULL}, {"--backends", 1, NULL},
@@ -93,7 +66,7 @@ int cmd_check(int argc, char **argv)
         return rc;
     const char *names[MAX_CHECK_BACKENDS];
     int nb;
-    if ((rc = get_backends(ctx, f[BACKENDS].value, names, &nb)) != 0) {
+    if ((rc = suite_backends(ctx, f[BACKENDS].value, 0, names, MAX_CHECK_BACKENDS, &nb)) != 0) {
         sdpa_context_destroy(ctx);
         return rc;
     }

@@ -93,6 +93,49 @@ int suite_args(const char *suite, const char *shape, const char *dtype_arg,
     return 0;
 }
 
+int suite_backends(sdpa_context *ctx, const char *list, int with_ref_on_all, const char **names,
+                   int max, int *n)
+{
+    *n = 0;
+    const int all = list && strcmp(list, "all") == 0;
+    if (!list || all) {
+        for (int i = 0; i < sdpa_backend_count(ctx) && *n < max; i++) {
+            sdpa_backend_info b;
+            sdpa_backend_get(ctx, i, &b);
+            if (b.present && b.device == SDPA_DEVICE_CPU &&
+                ((all && with_ref_on_all) || strcmp(b.name, "ref") != 0))
+                names[(*n)++] = b.name;
+        }
+        return 0;
+    }
+    char buf[512];
+    if (strlen(list) >= sizeof buf)
+        return tool_usage_error("--backends list too long");
+    strcpy(buf, list);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (int i = 0; i < sdpa_backend_count(ctx) && !found; i++) {
+            sdpa_backend_info b;
+            sdpa_backend_get(ctx, i, &b);
+            if (strcmp(b.name, tok) != 0)
+                continue;
+            found = 1;
+            if (!b.present)
+                return tool_usage_error("--backends: %s is not present here: %s", tok,
+                                        b.why_absent);
+            if (*n == max)
+                return tool_usage_error("--backends: at most %d", max);
+            names[(*n)++] = b.name;
+        }
+        if (!found)
+            return tool_usage_error("--backends: '%s' unknown (see `sdpa info`)", tok);
+    }
+    if (*n == 0)
+        return tool_usage_error("--backends: no backend in '%s'", list);
+    return 0;
+}
+
 double suite_flops(const sdpa_call_desc *d)
 {
     double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;

@@ -26,6 +26,15 @@ int suite_load(const char *suite, const char *shape, row *rows, int *n_rows);
 int suite_args(const char *suite, const char *shape, const char *dtype_arg,
                const char *threads_arg, row *rows, int *n_rows, sdpa_dtype *dtype, int *threads);
 
+/*
+ * The backends a suite command runs, from --backends: NULL means every
+ * present CPU backend but the float64 reference; "all" adds the reference
+ * when with_ref_on_all; otherwise a comma list, each name known and present
+ * here, in the order given. 0, or an exit code after printing the problem.
+ */
+int suite_backends(sdpa_context *ctx, const char *list, int with_ref_on_all, const char **names,
+                   int max, int *n);
+
 /* 4 B Hq Sq Skv D, halved for causal with Sq == Skv. */
 double suite_flops(const sdpa_call_desc *d);
 
