@@ -98,7 +98,7 @@ static sdpa_status arm_run(const arm *a, sdpa_context *runner, problem *p, sdpa_
 }
 
 static void print_result(const char *label, const char *spec_a, const char *spec_b,
-                         const sdpa_ab_result *res, int json)
+                         const sdpa_ab_result *res, int rounds, int json)
 {
     if (json)
         printf("{\"row\":\"%s\",\"a\":\"%s\",\"b\":\"%s\",\"median_a_ms\":%.4f,"
@@ -107,10 +107,10 @@ static void print_result(const char *label, const char *spec_a, const char *spec
                sdpa_ab_verdict_text(res->verdict));
     else
         printf("%-44s %12.3f %12.3f %8.3f     [%6.3f, %6.3f]  %s\n"
-               "verdict: %s (B/A = %.3f, 95%% interval [%.3f, %.3f])\n",
+               "verdict: %s (B/A = %.3f, 95%% interval [%.3f, %.3f] over %d rounds)\n",
                label, res->median_a, res->median_b, res->ratio, res->lo, res->hi,
                sdpa_ab_verdict_text(res->verdict), sdpa_ab_verdict_text(res->verdict), res->ratio,
-               res->lo, res->hi);
+               res->lo, res->hi, rounds);
 }
 
 /* A/B over whole `sdpa dit` sampling runs: what the choice does end to end. */
@@ -148,7 +148,7 @@ static int ab_dit(const char *config, arm *arms, sdpa_context *runner, int round
         char label[96];
         snprintf(label, sizeof label, "dit %.16s (%.32s vs %.32s)", config, arms[0].chosen,
                  arms[1].chosen);
-        print_result(label, arms[0].spec, arms[1].spec, &res, json);
+        print_result(label, arms[0].spec, arms[1].spec, &res, rounds, json);
     }
     dit_close(s[0]), dit_close(s[1]);
     free(t[0]), free(t[1]);
@@ -267,17 +267,7 @@ int cmd_ab(int argc, char **argv)
     }
     sdpa_ab_result all;
     sdpa_ab_compare(ta, tb, (int)rounds, 0.0, &all);
-    if (json)
-        printf("{\"row\":\"(all)\",\"a\":\"%s\",\"b\":\"%s\",\"median_a_ms\":%.4f,"
-               "\"median_b_ms\":%.4f,\"ratio\":%.4f,\"lo\":%.4f,\"hi\":%.4f,\"verdict\":\"%s\"}\n",
-               f[A].value, f[B].value, all.median_a, all.median_b, all.ratio, all.lo, all.hi,
-               sdpa_ab_verdict_text(all.verdict));
-    else
-        printf("%-44s %12.3f %12.3f %8.3f     [%6.3f, %6.3f]  %s\n"
-               "verdict: %s (B/A = %.3f, 95%% interval [%.3f, %.3f] over %lld rounds)\n",
-               "(all rows)", all.median_a, all.median_b, all.ratio, all.lo, all.hi,
-               sdpa_ab_verdict_text(all.verdict), sdpa_ab_verdict_text(all.verdict), all.ratio, all.lo,
-               all.hi, rounds);
+    print_result("(all rows)", f[A].value, f[B].value, &all, (int)rounds, json);
 done:
     free(ta), free(tb), free(ra), free(rb);
     sdpa_context_destroy(arms[0].ctx);
