@@ -481,6 +481,9 @@ typedef struct sdpa_backend_info {
     int gqa, cross, causal_top_left, causal_bottom_right, lse, deterministic;
     unsigned cpu_features;  /* SDPA_CPU_* required                          */
     int min_cc;             /* minimum compute capability * 10, or 0        */
+    int product_bits;       /* significand bits of the operands of both
+                             * products: 0 = the input dtype's (f32 inputs
+                             * get fp32 products), 8 = rounded to bf16      */
     int present;            /* can run on this machine                      */
     char why_absent[160];   /* if not present                               */
     const char *version;
@@ -560,7 +563,8 @@ sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
  * Measures an arithmetic ceiling of this machine with a short probe
  * (~0.2 s) over the context's threads, in GFLOP/s: what = "fp32" is the FMA
  * peak of the best usable vector ISA (12 register-only FMA chains per
- * thread). *isa, if not NULL, names the ISA probed. Benchmarks print their
+ * thread); "amx-bf16" the TDPBF16PS peak (4 accumulator tiles per thread),
+ * NOT_AVAILABLE without usable AMX. *isa, if not NULL, names the ISA probed. Benchmarks print their
  * figures as a percentage of this, measured in the same run.
  */
 sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,

@@ -138,6 +138,21 @@ int cmd_bench(int argc, char **argv)
     const char *ceiling_isa = "none";
     if (sdpa_measure_ceiling(ctx, "fp32", &ceiling, &ceiling_isa) != SDPA_OK)
         ceiling = 0;
+    /* Backends whose products are bf16 tiles (cpu.amx) are measured
+     * against the AMX ceiling, the others against the fp32 one. */
+    double amx_ceiling = 0;
+    if (sdpa_measure_ceiling(ctx, "amx-bf16", &amx_ceiling, NULL) != SDPA_OK)
+        amx_ceiling = 0;
+    double bceil[MAX_BENCH_BACKENDS];
+    for (int b = 0; b < nb; b++) {
+        bceil[b] = ceiling;
+        for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+            sdpa_backend_info bi;
+            if (sdpa_backend_get(ctx, i, &bi) == SDPA_OK && strcmp(bi.name, names[b]) == 0 &&
+                bi.product_bits == 8 && strncmp(bi.name, "cpu.amx", 7) == 0)
+                bceil[b] = amx_ceiling;
+        }
+    }
     /* In-run baselines for the ratio columns, when benchmarked. */
     int base_portable = -1, base_blas = -1;
     for (int b = 0; b < nb; b++) {
@@ -153,6 +168,10 @@ int cmd_bench(int argc, char **argv)
         printf("# ceiling: fp32 FMA peak %.0f GFLOP/s (%s probe, %d threads, this run); "
                "x portable / x blas: speed-up over those backends in this run\n",
                ceiling, ceiling_isa, sdpa_context_threads(ctx));
+        if (amx_ceiling > 0)
+            printf("# ceiling: AMX bf16 peak %.0f GFLOP/s (TDPBF16PS probe, this run); "
+                   "cpu.amx's %%peak is of this one\n",
+                   amx_ceiling);
         printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s %6s %10s %7s  %s\n",
                "row", "B", "Sq", "Skv", "Hq", "Hkv", "D", "causal", "backend", "median_ms",
                "min_ms", "max_ms", "GFLOP/s", "%peak", "x portable", "x blas", "");
@@ -211,7 +230,7 @@ int cmd_bench(int argc, char **argv)
         for (int b = 0; b < nb; b++) {
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
             const double gf = refused[b][0] ? 0.0 : suite_flops(d) / (med[b] * 1e6);
-            const double pct = ceiling > 0 ? 100.0 * gf / ceiling : 0.0;
+            const double pct = bceil[b] > 0 ? 100.0 * gf / bceil[b] : 0.0;
             plot_gf[r * nb + b] = gf;
             const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
                                                !refused[b][0]
@@ -233,7 +252,7 @@ int cmd_bench(int argc, char **argv)
                 else
                     printf(",\"median_ms\":%.4f,\"min_ms\":%.4f,\"max_ms\":%.4f,\"gflops\":%.2f,"
                            "\"pct_peak\":%.2f,\"ceiling_gflops\":%.1f",
-                           med[b], mn, mx, gf, pct, ceiling);
+                           med[b], mn, mx, gf, pct, bceil[b]);
                 if (vs_portable > 0)
                     printf(",\"speedup_vs_portable\":%.3f", vs_portable);
                 if (vs_blas > 0)

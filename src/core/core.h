@@ -107,4 +107,20 @@ void sdpa__parallel_for(sdpa_pool *pool, int64_t n_tasks, sdpa_task_fn fn, void 
 /* ISA levels for "cpu:isa=..." and SDPA_MAX_ISA. */
 unsigned sdpa__isa_level_mask(const char *level, int *ok);
 
+/*
+ * What CPU detection reads from the machine (x86-64): CPUID leaves,
+ * XCR0, and the kernel's answer to the AMX permission request. Tests
+ * substitute a described CPU to check, e.g., that a refused AMX permission
+ * falls back cleanly on machines that have no AMX at all.
+ */
+typedef struct sdpa_cpu_probe {
+    int (*cpuid)(unsigned leaf, unsigned subleaf, unsigned regs[4]); /* 0: no such leaf */
+    uint64_t (*xgetbv0)(void);
+    int (*request_amx)(void); /* 1: XTILEDATA permitted */
+} sdpa_cpu_probe;
+
+/* NULL: the real machine. Tests only, and only while no context is being
+ * created (it is read without a lock). */
+void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe);
+
 #endif

@@ -41,7 +41,16 @@ unsigned sdpa__isa_level_mask(const char *level, int *ok)
 }
 
 #ifdef SDPA_X86
-static uint64_t xgetbv0(void)
+static int real_cpuid(unsigned leaf, unsigned sub, unsigned r[4])
+{
+    unsigned max = __get_cpuid_max(leaf & 0x80000000u, NULL);
+    if (max == 0 || leaf > max)
+        return 0;
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+    return 1;
+}
+
+static uint64_t real_xgetbv0(void)
 {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -50,7 +59,7 @@ static uint64_t xgetbv0(void)
 
 /* Asks Linux for the AMX tile-data state (needed once per process since
  * 5.16; without it the first tile instruction kills the process). */
-static int request_amx_permission(void)
+static int real_request_amx(void)
 {
 #if defined(__linux__) && defined(SYS_arch_prctl)
     unsigned long bits = 0;
@@ -67,30 +76,41 @@ static int request_amx_permission(void)
 #endif
 }
 
+static const sdpa_cpu_probe real_probe = {real_cpuid, real_xgetbv0, real_request_amx};
+static const sdpa_cpu_probe *cpu_probe = &real_probe;
+
+void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe)
+{
+    cpu_probe = probe ? probe : &real_probe;
+}
+
 static void detect_x86(sdpa_platform *p)
 {
-    unsigned a, b, c, d;
+    const sdpa_cpu_probe *io = cpu_probe;
+    unsigned r[4];
     unsigned brand[12] = {0};
-    if (__get_cpuid(0x80000000u, &a, &b, &c, &d) && a >= 0x80000004u) {
+    if (io->cpuid(0x80000000u, 0, r) && r[0] >= 0x80000004u) {
         for (unsigned i = 0; i < 3; i++)
-            __get_cpuid(0x80000002u + i, &brand[4 * i], &brand[4 * i + 1], &brand[4 * i + 2],
-                        &brand[4 * i + 3]);
+            io->cpuid(0x80000002u + i, 0, &brand[4 * i]);
         char tmp[49];
         memcpy(tmp, brand, 48);
         tmp[48] = '\0';
         const char *s = tmp;
         while (*s == ' ')
             s++;
-        sdpa__strlcpy(p->cpu_model, s, sizeof p->cpu_model);
+        if (*s)
+            sdpa__strlcpy(p->cpu_model, s, sizeof p->cpu_model);
     }
-    if (!__get_cpuid(1, &a, &b, &c, &d))
+    if (!io->cpuid(1, 0, r))
         return;
-    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    const unsigned c1 = r[2];
+    int fma = (c1 >> 12) & 1, osxsave = (c1 >> 27) & 1, avx = (c1 >> 28) & 1,
+        f16c = (c1 >> 29) & 1;
     unsigned b7 = 0, d7 = 0, a71 = 0;
-    if (__get_cpuid_count(7, 0, &a, &b7, &c, &d7)) {
-        unsigned bb, cc, dd;
-        if (a >= 1)
-            __get_cpuid_count(7, 1, &a71, &bb, &cc, &dd);
+    if (io->cpuid(7, 0, r)) {
+        b7 = r[1], d7 = r[3];
+        if (r[0] >= 1 && io->cpuid(7, 1, r))
+            a71 = r[0];
     }
     unsigned present = 0;
     if (avx && fma && f16c && ((b7 >> 5) & 1))
@@ -105,7 +125,7 @@ static void detect_x86(sdpa_platform *p)
         present |= SDPA_CPU_AMX_BF16;
     p->cpu_features_present = present;
 
-    uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    uint64_t xcr0 = osxsave ? io->xgetbv0() : 0;
     unsigned usable = present;
     if ((xcr0 & 0x6) != 0x6)
         usable &= ~(unsigned)(SDPA_CPU_AVX2 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 |
@@ -113,10 +133,15 @@ static void detect_x86(sdpa_platform *p)
     if ((xcr0 & 0xe0) != 0xe0)
         usable &= ~(unsigned)(SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 | SDPA_CPU_AVX512FP16);
     if ((usable & SDPA_CPU_AMX_BF16) && (xcr0 & (3ull << 17)) == (3ull << 17))
-        p->amx_permitted = request_amx_permission();
+        p->amx_permitted = io->request_amx();
     if (!p->amx_permitted)
         usable &= ~(unsigned)SDPA_CPU_AMX_BF16;
     p->cpu_features = usable;
+}
+#else
+void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe)
+{
+    (void)probe;
 }
 #endif
 

@@ -29,6 +29,7 @@
  *   backend's caps and present function.
  */
 #include "../core/convert.h"
+#include "flash_tasks.h"
 #include "../dispatch/backend.h"
 
 #include <math.h>
@@ -53,8 +54,7 @@ typedef struct workspace {
 
 typedef struct job {
     const sdpa_call *c;
-    int qb_per_task;
-    int64_t n_qblocks, tasks_per_head;
+    flash_split split;
     workspace *ws;
 } job;
 
@@ -185,50 +185,36 @@ static void task_fn(void *arg, int64_t task, int worker)
     const sdpa_call *c = jb->c;
     const sdpa_call_desc *d = &c->desc;
     const workspace *w = &jb->ws[worker];
-    const int64_t bh = task / jb->tasks_per_head, t = task % jb->tasks_per_head;
-    const int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / (d->Hq / d->Hkv);
+    const flash_task tk = flash_task_make(c, &jb->split, BQ, task);
     const int64_t D = d->D;
-    const int causal = c->causal != SDPA_CAUSAL_NONE;
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
-    const int64_t qb0 = t * jb->qb_per_task;
-    const int nqb = (int)(jb->n_qblocks - qb0 < jb->qb_per_task ? jb->n_qblocks - qb0
-                                                                 : jb->qb_per_task);
-    const int64_t i_first = qb0 * BQ;
-    const int64_t i_last = (qb0 + nqb) * BQ < d->Sq ? (qb0 + nqb) * BQ - 1 : d->Sq - 1;
-    for (int q = 0; q < nqb; q++) {
-        const int64_t i0 = i_first + (int64_t)q * BQ;
-        load_q(c, w, &w->qb[q], b, h, i0, (int)(d->Sq - i0 < BQ ? d->Sq - i0 : BQ));
-    }
-    /* Keys past kv_end are masked for every query of the task. */
-    int64_t kv_end = d->Skv;
-    if (causal) {
-        int64_t last = i_last + offset;
-        kv_end = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+    for (int q = 0; q < tk.nqb; q++) {
+        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+        load_q(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
     }
     const sdpa_tensor *k = c->k, *v = c->v;
-    for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
-        const int bk = (int)(kv_end - j0 < BK ? kv_end - j0 : BK);
+    for (int64_t j0 = 0; j0 < tk.kv_end; j0 += BK) {
+        const int bk = (int)(tk.kv_end - j0 < BK ? tk.kv_end - j0 : BK);
         for (int j = 0; j < bk; j++) {
-            sdpa__load_row(sdpa__elem(k, sdpa__offset(k, b, j0 + j, hk, 0)), k->dtype,
+            sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk.b, j0 + j, tk.hk, 0)), k->dtype,
                            k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
-            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, b, j0 + j, hk, 0)), v->dtype,
+            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk.b, j0 + j, tk.hk, 0)), v->dtype,
                            v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
         }
-        for (int q = 0; q < nqb; q++) {
+        for (int q = 0; q < tk.nqb; q++) {
             const qblock *qb = &w->qb[q];
-            const int64_t i0 = i_first + (int64_t)q * BQ;
-            if (causal && j0 > i0 + BQ - 1 + offset)
+            const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+            if (tk.causal && j0 > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
             gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
-            if (causal && j0 + bk - 1 > i0 + offset)
-                mask_tile(w->st, bk, j0, i0, offset);
+            if (tk.causal && j0 + bk - 1 > i0 + tk.offset)
+                mask_tile(w->st, bk, j0, i0, tk.offset);
             softmax_tile(w->st, bk, qb, D);
             gemm_rows((int)D, bk, w->v, 1, D, w->st, qb->ot, 1);
         }
     }
-    for (int q = 0; q < nqb; q++) {
-        const int64_t i0 = i_first + (int64_t)q * BQ;
-        store_out(c, w, &w->qb[q], b, h, i0, (int)(d->Sq - i0 < BQ ? d->Sq - i0 : BQ));
+    for (int q = 0; q < tk.nqb; q++) {
+        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+        store_out(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
     }
 }
 
@@ -238,21 +224,14 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
     const int64_t D = d->D;
-    job jb = {c, 1, (d->Sq + BQ - 1) / BQ, 0, NULL};
-    /* Share each packed K/V tile among up to 4 query blocks, but keep at
-     * least 4 tasks per thread so that odd shapes still balance. */
+    job jb = {c, flash_split_make(d, BQ, threads), NULL};
     const int64_t heads = d->B * d->Hq;
-    while (jb.qb_per_task < 4 &&
-           heads * ((jb.n_qblocks + 2 * jb.qb_per_task - 1) / (2 * jb.qb_per_task)) >=
-               4 * (int64_t)threads)
-        jb.qb_per_task *= 2;
-    jb.tasks_per_head = (jb.n_qblocks + jb.qb_per_task - 1) / jb.qb_per_task;
     const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
-    const size_t per = per_qb * (size_t)jb.qb_per_task + (size_t)BK * BQ +
+    const size_t per = per_qb * (size_t)jb.split.qb_per_task + (size_t)BK * BQ +
                        (size_t)(2 * BK * D) + (size_t)D + 64;
     float *mem = aligned_alloc(64, ((per * (size_t)threads * sizeof(float)) + 63) / 64 * 64);
     jb.ws = calloc((size_t)threads, sizeof *jb.ws);
-    qblock *qbs = calloc((size_t)threads * (size_t)jb.qb_per_task, sizeof *qbs);
+    qblock *qbs = calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
     if (!mem || !jb.ws || !qbs) {
         free(mem), free(jb.ws), free(qbs);
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
@@ -261,8 +240,8 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     for (int t = 0; t < threads; t++) {
         float *p = mem + per * (size_t)t;
         workspace *w = &jb.ws[t];
-        w->qb = qbs + (size_t)t * (size_t)jb.qb_per_task;
-        for (int q = 0; q < jb.qb_per_task; q++) {
+        w->qb = qbs + (size_t)t * (size_t)jb.split.qb_per_task;
+        for (int q = 0; q < jb.split.qb_per_task; q++) {
             w->qb[q].qt = p, p += D * BQ;
             w->qb[q].ot = p, p += D * BQ;
             w->qb[q].m = p, p += BQ;
@@ -273,7 +252,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         w->v = p, p += BK * D;
         w->row = p;
     }
-    sdpa__parallel_for(c->pool, heads * jb.tasks_per_head, task_fn, &jb);
+    sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, task_fn, &jb);
     free(mem), free(jb.ws), free(qbs);
     return SDPA_OK;
 }

@@ -29,6 +29,10 @@ typedef struct sdpa_caps {
     unsigned cpu_features; /* SDPA_CPU_* the platform must have              */
     int min_cc;            /* CUDA compute capability * 10, 0: none          */
     int min_cudnn;         /* cuDNN version (91900 = 9.19.0), 0: none        */
+    int product_bits;      /* significand bits of the products' operands:
+                            * 0 = the input dtype's (exact conversion to
+                            * fp32, or tensor cores on the input type), 8 =
+                            * rounded to bf16 (cpu.amx, whatever the input) */
 } sdpa_caps;
 
 struct sdpa_backend {
@@ -54,6 +58,7 @@ extern const sdpa_backend sdpa__backend_ref;
 extern const sdpa_backend sdpa__backend_cpu_portable;
 extern const sdpa_backend sdpa__backend_cpu_avx512;
 extern const sdpa_backend sdpa__backend_cpu_avx2;
+extern const sdpa_backend sdpa__backend_cpu_amx;
 extern const sdpa_backend sdpa__backend_cpu_blas;
 extern const sdpa_backend sdpa__backend_cuda_cudnn;
 extern const sdpa_backend sdpa__backend_cuda_flash;

@@ -231,6 +231,15 @@ double tl_tolerance(sdpa_dtype in, sdpa_dtype out)
     return 0;
 }
 
+double tl_product_tolerance(int bits)
+{
+    /* Rounding P (and f16 Q, K, V) to `bits` significand bits moves each
+     * weight by at most 2^-bits relative: |out - ref| <= 2^-bits max|v|
+     * for P, with errors of random sign in practice; twice that covers the
+     * inputs' rounding too. Exact products (0, or 24 and up) add nothing. */
+    return bits > 0 && bits < 24 ? 2.0 * ldexp(1.0, -bits) : 0.0;
+}
+
 double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where)
 {
     double worst = 0;

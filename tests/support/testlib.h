@@ -90,6 +90,9 @@ float tl_out_get(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t 
 
 /* Tolerance on |out - ref| for a backend with f32 accumulation, by dtypes. */
 double tl_tolerance(sdpa_dtype in, sdpa_dtype out);
+/* Extra tolerance for a backend whose products round operands to `bits`
+ * significand bits (sdpa_backend_info.product_bits; 0: none). */
+double tl_product_tolerance(int bits);
 
 /* Max |a - b| over outputs and over LSE (rows with -inf LSE must match). */
 double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where);

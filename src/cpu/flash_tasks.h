@@ -1,0 +1,70 @@
+/*
+ * flash_tasks.h - how the tiled CPU kernels (flash_tiled.h, cpu.amx) cut a
+ * call into tasks: one task is a group of query blocks of one (batch,
+ * head), so that a packed K/V block is shared by the group's query blocks,
+ * and the pool hands tasks out one at a time (causal and ragged shapes
+ * balance themselves).
+ */
+#ifndef SDPA_FLASH_TASKS_H
+#define SDPA_FLASH_TASKS_H
+
+#include "../core/core.h"
+
+typedef struct flash_split {
+    int qb_per_task;         /* query blocks sharing one packed K/V block */
+    int64_t n_qblocks;       /* per head                                  */
+    int64_t tasks_per_head;
+} flash_split;
+
+/* Share each packed K/V block among up to 4 query blocks of bq rows, but
+ * keep at least 4 tasks per thread so that odd shapes still balance. */
+static inline flash_split flash_split_make(const sdpa_call_desc *d, int bq, int threads)
+{
+    flash_split s = {1, (d->Sq + bq - 1) / bq, 0};
+    const int64_t heads = d->B * d->Hq;
+    while (s.qb_per_task < 4 &&
+           heads * ((s.n_qblocks + 2 * s.qb_per_task - 1) / (2 * s.qb_per_task)) >=
+               4 * (int64_t)threads)
+        s.qb_per_task *= 2;
+    s.tasks_per_head = (s.n_qblocks + s.qb_per_task - 1) / s.qb_per_task;
+    return s;
+}
+
+/* One task's coordinates. Query block q of the task starts at row
+ * i_first + q * bq; keys at or past kv_end are masked for all its rows. */
+typedef struct flash_task {
+    int64_t b, h, hk;  /* batch, query head, its KV head          */
+    int causal;
+    int64_t offset;    /* causal: key j visible to row i if j <= i + offset */
+    int64_t i_first;
+    int nqb;           /* query blocks in this task               */
+    int64_t kv_end;
+} flash_task;
+
+static inline flash_task flash_task_make(const sdpa_call *c, const flash_split *s, int bq,
+                                         int64_t task)
+{
+    const sdpa_call_desc *d = &c->desc;
+    flash_task t;
+    const int64_t bh = task / s->tasks_per_head, qb0 = task % s->tasks_per_head * s->qb_per_task;
+    t.b = bh / d->Hq, t.h = bh % d->Hq, t.hk = t.h / (d->Hq / d->Hkv);
+    t.causal = c->causal != SDPA_CAUSAL_NONE;
+    t.offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    t.nqb = (int)(s->n_qblocks - qb0 < s->qb_per_task ? s->n_qblocks - qb0 : s->qb_per_task);
+    t.i_first = qb0 * bq;
+    const int64_t i_last = (qb0 + t.nqb) * bq < d->Sq ? (qb0 + t.nqb) * bq - 1 : d->Sq - 1;
+    t.kv_end = d->Skv;
+    if (t.causal) {
+        const int64_t last = i_last + t.offset;
+        t.kv_end = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+    }
+    return t;
+}
+
+/* Rows of the query block starting at i0 (the last one may be short). */
+static inline int flash_block_rows(const sdpa_call_desc *d, int64_t i0, int bq)
+{
+    return (int)(d->Sq - i0 < bq ? d->Sq - i0 : bq);
+}
+
+#endif

@@ -1,0 +1,205 @@
+/*
+ * test_platform.c - CPU detection from described CPUs, and the AMX
+ * permission refusal falling back cleanly.
+ *
+ * Detection reads CPUID, XCR0 and the kernel's answer to the AMX request
+ * through sdpa__set_cpu_probe, so a Sapphire-Rapids-like CPU can be
+ * described on any machine: with the tile permission granted, refused, or
+ * with the OS not enabling the tile state at all. The refusal is then
+ * carried through a whole context: the log line, `info`'s reason, the
+ * decision and a bf16 forward call that cpu.avx512 serves correctly. That
+ * last part runs the real AVX-512 kernel, so it needs AVX-512 here; it is
+ * skipped, saying so, where the machine has none. A described CPU with the
+ * permission granted never gets a context: cpu.amx's self-test would run
+ * tile instructions this machine may not have.
+ */
+#include "support/testlib.h"
+#include "core/core.h"
+
+#include <string.h>
+
+/* ---- a described CPU */
+
+static unsigned fake_leaf1_ecx, fake_leaf7_ebx, fake_leaf7_edx, fake_leaf71_eax;
+static uint64_t fake_xcr0;
+static int fake_grant, amx_requests;
+
+static int fake_cpuid(unsigned leaf, unsigned sub, unsigned r[4])
+{
+    memset(r, 0, 4 * sizeof *r);
+    if (leaf == 0x80000000u) {
+        r[0] = 0x80000004u;
+        return 1;
+    }
+    if (leaf >= 0x80000002u && leaf <= 0x80000004u) {
+        static const char brand[48] = "Described Xeon with AMX";
+        memcpy(r, brand + 16 * (leaf - 0x80000002u), 16);
+        return 1;
+    }
+    if (leaf == 1) {
+        r[2] = fake_leaf1_ecx;
+        return 1;
+    }
+    if (leaf == 7 && sub == 0) {
+        r[0] = 1, r[1] = fake_leaf7_ebx, r[3] = fake_leaf7_edx;
+        return 1;
+    }
+    if (leaf == 7 && sub == 1) {
+        r[0] = fake_leaf71_eax;
+        return 1;
+    }
+    return 0;
+}
+
+static uint64_t fake_xgetbv0(void) { return fake_xcr0; }
+
+static int fake_request_amx(void)
+{
+    amx_requests++;
+    return fake_grant;
+}
+
+static const sdpa_cpu_probe fake = {fake_cpuid, fake_xgetbv0, fake_request_amx};
+
+/* Sapphire Rapids' bits: FMA, OSXSAVE, AVX, F16C; AVX2, AVX512 F/DQ/BW/VL;
+ * AMX-BF16, AVX512-FP16, AMX-TILE; AVX512-BF16; XCR0 with x87, SSE, AVX,
+ * the three AVX-512 states and both tile states. */
+static void describe_sapphire_rapids(int grant)
+{
+    fake_leaf1_ecx = (1u << 12) | (1u << 27) | (1u << 28) | (1u << 29);
+    fake_leaf7_ebx = (1u << 5) | (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    fake_leaf7_edx = (1u << 22) | (1u << 23) | (1u << 24);
+    fake_leaf71_eax = 1u << 5;
+    fake_xcr0 = 0xe7 | (3ull << 17);
+    fake_grant = grant;
+    amx_requests = 0;
+}
+
+static void detection(void)
+{
+    const unsigned all = SDPA_CPU_AVX2 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 |
+                         SDPA_CPU_AVX512FP16 | SDPA_CPU_AMX_BF16;
+    sdpa_platform p;
+    sdpa__set_cpu_probe(&fake);
+
+    describe_sapphire_rapids(1); /* permission granted */
+    CHECK_STATUS(sdpa_platform_detect(&p), SDPA_OK);
+    CHECK(p.cpu_features_present == all && p.cpu_features == all && p.amx_permitted == 1,
+          "granted: present 0x%x usable 0x%x permitted %d", p.cpu_features_present,
+          p.cpu_features, p.amx_permitted);
+    CHECK(amx_requests == 1, "granted: %d permission requests, expected 1", amx_requests);
+    CHECK(strcmp(p.cpu_model, "Described Xeon with AMX") == 0, "model '%s'", p.cpu_model);
+
+    describe_sapphire_rapids(0); /* permission refused */
+    CHECK_STATUS(sdpa_platform_detect(&p), SDPA_OK);
+    CHECK(p.cpu_features_present == all && p.cpu_features == (all & ~(unsigned)SDPA_CPU_AMX_BF16) &&
+              p.amx_permitted == 0,
+          "refused: present 0x%x usable 0x%x permitted %d", p.cpu_features_present,
+          p.cpu_features, p.amx_permitted);
+
+    describe_sapphire_rapids(1); /* the OS does not enable the tile state: never asked */
+    fake_xcr0 = 0xe7;
+    CHECK_STATUS(sdpa_platform_detect(&p), SDPA_OK);
+    CHECK(!(p.cpu_features & SDPA_CPU_AMX_BF16) && amx_requests == 0,
+          "no tile state in XCR0: usable 0x%x after %d requests", p.cpu_features, amx_requests);
+
+    describe_sapphire_rapids(1); /* no AVX-512 state in XCR0: AVX2 only */
+    fake_xcr0 = 0x7;
+    CHECK_STATUS(sdpa_platform_detect(&p), SDPA_OK);
+    CHECK(p.cpu_features == SDPA_CPU_AVX2, "XCR0 without AVX-512 state: usable 0x%x",
+          p.cpu_features);
+
+    describe_sapphire_rapids(1); /* no OSXSAVE: nothing beyond SSE, XGETBV never run */
+    fake_leaf1_ecx &= ~(1u << 27);
+    CHECK_STATUS(sdpa_platform_detect(&p), SDPA_OK);
+    CHECK(p.cpu_features == 0 && amx_requests == 0, "no OSXSAVE: usable 0x%x", p.cpu_features);
+
+    sdpa__set_cpu_probe(NULL);
+}
+
+/* ---- the refusal through a context */
+
+static char info_lines[4096];
+
+static void capture(sdpa_log_level level, const char *msg, void *user)
+{
+    (void)level, (void)user;
+    size_t len = strlen(info_lines);
+    snprintf(info_lines + len, sizeof info_lines - len, "%s\n", msg);
+}
+
+static void refusal_falls_back(void)
+{
+    sdpa_platform real;
+    sdpa_platform_detect(&real);
+    if (!(real.cpu_features & SDPA_CPU_AVX512F)) {
+        tl_skip("AMX refusal through a context",
+                "this machine has no AVX-512, and the fallback the test expects is cpu.avx512");
+        return;
+    }
+    describe_sapphire_rapids(0);
+    sdpa__set_cpu_probe(&fake);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = 2, o.ignore_env = 1, o.log = capture, o.log_level = SDPA_LOG_INFO;
+    sdpa_context *ctx = NULL;
+    sdpa_status st = sdpa_context_create(&o, &ctx);
+    sdpa__set_cpu_probe(NULL);
+    CHECK_STATUS(st, SDPA_OK);
+    if (st != SDPA_OK)
+        return;
+
+    CHECK(strstr(info_lines, "AMX present but permission refused; -> cpu.avx512") != NULL,
+          "no one-line ISA decision naming the refusal in:\n%s", info_lines);
+    int found = 0;
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        sdpa_backend_get(ctx, i, &b);
+        if (strcmp(b.name, "cpu.amx") == 0) {
+            found = 1;
+            CHECK(!b.present && strstr(b.why_absent, "refused"),
+                  "cpu.amx present %d, why '%s'", b.present, b.why_absent);
+        }
+    }
+    CHECK(found, "cpu.amx is not in the backend table");
+
+    /* bf16, the dtype the rules send to cpu.amx first */
+    tl_case c = {1, 77, 131, 4, 2, 128, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+    sdpa_call_desc d;
+    memset(&d, 0, sizeof d);
+    d.device = SDPA_DEVICE_CPU, d.dtype = SDPA_BF16;
+    d.B = c.B, d.Sq = c.Sq, d.Skv = c.Skv, d.Hq = c.Hq, d.Hkv = c.Hkv, d.D = c.D;
+    d.want_lse = 1;
+    sdpa_decision dec;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
+    CHECK(dec.n_candidates > 0 && strcmp(dec.candidates[0], "cpu.avx512") == 0,
+          "bf16 decided %s, expected cpu.avx512", dec.n_candidates ? dec.candidates[0] : "none");
+    char *text = NULL;
+    CHECK_STATUS(sdpa_explain(ctx, &d, 0, &text), SDPA_OK);
+    CHECK(text && strstr(text, "cpu.amx") && strstr(text, "refused"),
+          "explain does not say why cpu.amx was passed over:\n%s", text ? text : "");
+    sdpa_free(text);
+
+    tl_problem p;
+    tl_output got, want;
+    tl_problem_make(&p, &c);
+    tl_output_make(&got, &p);
+    tl_output_make(&want, &p);
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &got.t, got.lse, &prm), SDPA_OK);
+    prm.backend = "ref";
+    CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm), SDPA_OK);
+    double diff = tl_max_diff(&got, &want, NULL);
+    CHECK(diff <= tl_tolerance(SDPA_BF16, SDPA_F32), "fallback result off by %g", diff);
+    char why[128];
+    CHECK(tl_output_check(&got, why, sizeof why), "%s", why);
+    tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
+    sdpa_context_destroy(ctx);
+}
+
+int main(void)
+{
+    tl_seed_from_env();
+    detection();
+    refusal_falls_back();
+    return tl_finish();
+}
