@@ -394,6 +394,26 @@ sdpa_status sdpa_layer_forward(sdpa_layer *layer, const sdpa_tensor *q, const sd
                                const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                                const sdpa_params *params);
 
+/*
+ * Warm-up: does now, without computing anything, what the first forward
+ * call with these tensors would do before computing: decide (exactly as
+ * the forward call would, same precedence and cache), start the CPU worker
+ * threads, and let the chosen backend build what it builds on first use.
+ * For cuda.cudnn that is the execution plan (cuDNN compiles kernels:
+ * seconds) and this thread's workspace; CPU backends build nothing. The
+ * tensors are validated as for forward but their data is neither read nor
+ * written. A backend that refuses the shape here is latched off for the
+ * layer (one warning) and the next candidate is prepared, as forward
+ * would; errors are returned as forward returns them. sdpa_last_backend()
+ * then names the backend the forward call will run.
+ */
+sdpa_status sdpa_layer_warmup(sdpa_layer *layer, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                              const sdpa_params *params);
+sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                        const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                        const sdpa_params *params);
+
 /* Whether the layer has latched `backend` off (1) or not (0). */
 int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend);
 

@@ -1,8 +1,8 @@
 /*
  * bench.c - `sdpa bench`: times backends side by side on shape suites.
  *
- * Method: one warm-up call per backend, then `reps` rounds; each round runs
- * every backend once, starting at a different backend each round, so slow
+ * Method: sdpa_warmup and one warm-up call per backend, then `reps`
+ * rounds; each round runs every backend once, starting at a different backend each round, so slow
  * drift of the machine (frequency, a neighbour's load) hits all alike.
  * Reported per (row, backend): median, min and max milliseconds and
  * GFLOP/s from the median, with FLOPs = 4 B Hq Sq Skv D (halved for causal
@@ -198,7 +198,10 @@ int cmd_bench(int argc, char **argv)
             sdpa_params p = SDPA_PARAMS_DEFAULT;
             p.backend = names[b];
             p.causal = d->causal;
-            sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p); /* warm-up */
+            /* Warm-up: what the backend builds on first use (cuDNN plans), then one call. */
+            sdpa_status st = sdpa_warmup(ctx, &tq, &tk, &tv, &to, NULL, &p);
+            if (st == SDPA_OK)
+                st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
             refused[b][0] = '\0';
             if (st != SDPA_OK)
                 snprintf(refused[b], sizeof refused[b], "%s: %s", sdpa_status_string(st),

@@ -6,7 +6,8 @@
  * find or build the execution plan, and execute it on the caller's stream.
  *
  * Plans are cached per (device, sizes, strides, dtype, mask, stats) in a
- * small process-wide table. Building one compiles kernels (NVRTC, about a
+ * small process-wide table; an entry a thread is executing is never
+ * evicted under it (a use count, taken and dropped under the lock). Building one compiles kernels (NVRTC, about a
  * second), so it happens under the cache lock once per shape; later calls
  * cost a lookup. cuDNN handles are per thread (a handle must not be used
  * by two threads at once). The workspace is a per-thread device buffer
@@ -38,6 +39,7 @@ typedef struct plan_key {
 
 typedef struct plan_entry {
     int used;
+    int users; /* threads between get_plan and release_plan: not evicted */
     uint64_t last_use;
     plan_key key;
     sdpa_cudnn_graph graph;
@@ -95,16 +97,26 @@ static int same_key(const plan_key *a, const plan_key *b)
 static sdpa_status get_plan(const plan_key *key, plan_entry **out)
 {
     pthread_mutex_lock(&plan_lock);
-    plan_entry *victim = &plans[0];
+    plan_entry *victim = NULL;
     for (int i = 0; i < PLAN_SLOTS; i++) {
         if (plans[i].used && same_key(&plans[i].key, key)) {
             plans[i].last_use = ++plan_clock;
+            plans[i].users++;
             *out = &plans[i];
             pthread_mutex_unlock(&plan_lock);
             return SDPA_OK;
         }
-        if (!plans[i].used || (victim->used && plans[i].last_use < victim->last_use))
+        if (plans[i].users == 0 &&
+            (!victim || (victim->used && (!plans[i].used || plans[i].last_use < victim->last_use))))
             victim = &plans[i];
+    }
+    if (!victim) {
+        pthread_mutex_unlock(&plan_lock);
+        *out = NULL;
+        return sdpa_cuda__host->fail(SDPA_OUT_OF_MEMORY,
+                                     "cuda.cudnn: all %d cached plans are executing on other "
+                                     "threads; none can be replaced",
+                                     PLAN_SLOTS);
     }
     if (victim->used) { /* evict the least recently used plan */
         cudnnBackendDestroyDescriptor(victim->plan);
@@ -149,7 +161,7 @@ static sdpa_status get_plan(const plan_key *key, plan_entry **out)
             int64_t ws = 0;
             last = sdpa_cudnn_build_plan(cfgs[i], dev, &plan, &ws);
             if (last == CUDNN_STATUS_SUCCESS) {
-                victim->used = 1, victim->plan = plan, victim->cfg = cfgs[i];
+                victim->used = 1, victim->users = 1, victim->plan = plan, victim->cfg = cfgs[i];
                 victim->workspace = ws, victim->key = *key;
                 victim->last_use = ++plan_clock;
             } else {
@@ -170,11 +182,20 @@ static sdpa_status get_plan(const plan_key *key, plan_entry **out)
     return result;
 }
 
-sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
-
-sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
+static void release_plan(plan_entry *e)
 {
-    (void)self;
+    pthread_mutex_lock(&plan_lock);
+    e->users--;
+    pthread_mutex_unlock(&plan_lock);
+}
+
+/*
+ * What the plan cache and the execution share: the checks cuDNN needs
+ * beyond the capability table, the calling thread's handle for the
+ * tensors' device on the caller's stream, and the plan for this call.
+ */
+static sdpa_status plan_for_call(const sdpa_call *c, plan_entry **e)
+{
     const sdpa_call_desc *d = &c->desc;
     const sdpa_tensor *t[4] = {c->q, c->k, c->v, c->out};
     static const char *names[4] = {"q", "k", "v", "out"};
@@ -223,22 +244,56 @@ sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
     p->io_type = c->q->dtype == SDPA_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
     p->causal = (int)c->causal;
     p->want_stats = c->lse != NULL;
+    return get_plan(&key, e);
+}
+
+/* The calling thread's workspace grown to the plan's need (it never shrinks). */
+static sdpa_status grow_workspace(const plan_entry *e)
+{
+    if ((size_t)e->workspace <= workspace_size)
+        return SDPA_OK;
+    if (workspace)
+        cudaFree(workspace);
+    workspace = NULL, workspace_size = 0;
+    cudaError_t ce = cudaMalloc(&workspace, (size_t)e->workspace);
+    if (ce != cudaSuccess)
+        return sdpa_cuda__host->fail(
+            ce == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY : SDPA_DEVICE_ERROR,
+            "cuda.cudnn: workspace of %lld bytes: %s", (long long)e->workspace,
+            cudaGetErrorString(ce));
+    workspace_size = (size_t)e->workspace;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
+
+/* Warm-up: the plan compiled and cached, this thread's workspace sized. */
+sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
     plan_entry *e;
-    sdpa_status s = get_plan(&key, &e);
+    sdpa_status s = plan_for_call(c, &e);
     if (s != SDPA_OK)
         return s;
+    s = grow_workspace(e);
+    release_plan(e);
+    return s;
+}
 
-    if ((size_t)e->workspace > workspace_size) {
-        if (workspace)
-            cudaFree(workspace);
-        workspace = NULL, workspace_size = 0;
-        if ((ce = cudaMalloc(&workspace, (size_t)e->workspace)) != cudaSuccess)
-            return sdpa_cuda__host->fail(
-                ce == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY : SDPA_DEVICE_ERROR,
-                "cuda.cudnn: workspace of %lld bytes: %s", (long long)e->workspace,
-                cudaGetErrorString(ce));
-        workspace_size = (size_t)e->workspace;
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_call_desc *d = &c->desc;
+    plan_entry *e;
+    sdpa_status s = plan_for_call(c, &e);
+    if (s != SDPA_OK)
+        return s;
+    if ((s = grow_workspace(e)) != SDPA_OK) {
+        release_plan(e);
+        return s;
     }
+    cudnnStatus_t st;
     float scale = (float)c->scale, fill = -INFINITY;
     int32_t offset = (int32_t)(d->Skv - d->Sq);
     int64_t uids[8];
@@ -257,8 +312,10 @@ sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
         uids[n] = SDPA_UID_OFFSET, ptrs[n++] = &offset;
     cudnnBackendDescriptor_t pack;
     if ((st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack)) !=
-        CUDNN_STATUS_SUCCESS)
+        CUDNN_STATUS_SUCCESS) {
+        release_plan(e);
         return fail_cudnn(st, 0, "variant pack");
+    }
     st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n,
                                   uids);
     if (st == CUDNN_STATUS_SUCCESS)
@@ -272,5 +329,6 @@ sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
     if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendExecute(handle, e->plan, pack);
     cudnnBackendDestroyDescriptor(pack);
+    release_plan(e);
     return st == CUDNN_STATUS_SUCCESS ? SDPA_OK : fail_cudnn(st, 1, "execute");
 }

@@ -102,6 +102,7 @@ static void load_once(void)
                 m->version = p->kernels[i].version;
                 m->present = kernel_present;
                 m->run = p->kernels[i].run;
+                m->prepare = p->kernels[i].prepare;
             }
 }
 

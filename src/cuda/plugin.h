@@ -13,7 +13,7 @@
 
 #include "../dispatch/backend.h"
 
-#define SDPA_CUDA_PLUGIN_ABI 2
+#define SDPA_CUDA_PLUGIN_ABI 3
 #define SDPA_CUDA_PLUGIN_ENTRY "sdpa_cuda_plugin_entry"
 
 /* What the core lends the plugin (its own symbols are not exported). */
@@ -24,12 +24,13 @@ typedef struct sdpa_cuda_host {
 /*
  * A kernel the plugin implements for one of the core's declared CUDA
  * backends: the core keeps the capabilities and checks it declared, and
- * takes the run function from here.
+ * takes the run (and warm-up) functions from here.
  */
 typedef struct sdpa_cuda_kernel {
     const char *name; /* "cuda.cudnn"; NULL ends the list */
     const char *version;
     sdpa_status (*run)(const sdpa_backend *self, const sdpa_call *call);
+    sdpa_status (*prepare)(const sdpa_backend *self, const sdpa_call *call); /* or NULL */
 } sdpa_cuda_kernel;
 
 typedef struct sdpa_cuda_plugin {

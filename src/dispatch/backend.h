@@ -10,6 +10,9 @@
  *                   Only what the capability table cannot say goes here.
  *   run(call)       do it. UNSUPPORTED here means "this shape, after all"
  *                   and gets the backend latched off for the calling layer.
+ *   prepare(call)   optional: build now what run(call) would build first
+ *                   (cuDNN execution plans), touching no tensor data.
+ *                   Same status meanings as run.
  *
  * The capability table is checked by sdpa__backend_accepts first, so
  * every backend refuses the same things with the same words.
@@ -48,6 +51,7 @@ struct sdpa_backend {
     int (*check)(const sdpa_backend *self, const sdpa_call_desc *d, const sdpa_platform *p,
                  char *why, size_t n); /* NULL: the caps say it all */
     sdpa_status (*run)(const sdpa_backend *self, const sdpa_call *call);
+    sdpa_status (*prepare)(const sdpa_backend *self, const sdpa_call *call); /* NULL: none */
     void *state; /* for backends made at run time (tests' scripted ones) */
 };
 

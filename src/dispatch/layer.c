@@ -53,9 +53,17 @@ static void note(char *buf, size_t cap, const char *name, const char *why)
     }
 }
 
+/*
+ * Runs the first candidate that can; with `warmup`, prepares it instead
+ * (backend->prepare, or nothing when it has none): the same walk, latch
+ * and errors as the call it warms up, so a shape cuDNN has no engine for is
+ * latched at warm-up rather than on the first real call.
+ */
 static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const char *layer_name,
-                                  sdpa_call *call, const int *cand, int n, sdpa_source source)
+                                  sdpa_call *call, const int *cand, int n, sdpa_source source,
+                                  int warmup)
 {
+    const char *when = warmup ? "at warm-up" : "at run time";
     const int fixed = source <= SDPA_SOURCE_ENVIRONMENT;
     char skipped[512] = "";
     int n_absent = 0;
@@ -77,7 +85,7 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
             note(skipped, sizeof skipped, be->name, ctx->why_absent[b]);
             continue;
         }
-        st = be->run(be, call);
+        st = !warmup ? be->run(be, call) : be->prepare ? be->prepare(be, call) : SDPA_OK;
         if (st == SDPA_OK) {
             sdpa__set_last_backend(be->name);
             sdpa__clear_error();
@@ -93,14 +101,14 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
             uint64_t old = atomic_fetch_or(&layer->latched, bit);
             if (!(old & bit))
                 sdpa__log(&ctx->log, SDPA_LOG_WARN,
-                          "layer '%s': backend %s refused the call at run time (%s); latched off "
+                          "layer '%s': backend %s refused the call %s (%s); latched off "
                           "for this layer, running the next candidate",
-                          layer_name, be->name, reason);
+                          layer_name, be->name, when, reason);
         } else {
             sdpa__log(&ctx->log, SDPA_LOG_INFO,
-                      "%s: backend %s refused the call at run time (%s); running the next "
+                      "%s: backend %s refused the call %s (%s); running the next "
                       "candidate",
-                      layer_name, be->name, reason);
+                      layer_name, be->name, when, reason);
         }
     }
     /* Only absent backends: nothing here can run it. Otherwise the call
@@ -112,7 +120,7 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
 
 /* A fresh decision, then run: one-shot calls and per-call explicit choices. */
 static sdpa_status decide_and_run(sdpa_context *ctx, sdpa_layer *layer, const char *name,
-                                  sdpa_call *call)
+                                  sdpa_call *call, int warmup)
 {
     sdpa_decision dec;
     int cand[SDPA_MAX_CANDIDATES];
@@ -121,12 +129,12 @@ static sdpa_status decide_and_run(sdpa_context *ctx, sdpa_layer *layer, const ch
         return st;
     if (dec.status != SDPA_OK)
         return sdpa__fail(dec.status, "%s: %s", name, dec.error);
-    return run_candidates(ctx, layer, name, call, cand, dec.n_candidates, dec.source);
+    return run_candidates(ctx, layer, name, call, cand, dec.n_candidates, dec.source, warmup);
 }
 
-sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
-                         const sdpa_tensor *v, sdpa_tensor *out, float *lse,
-                         const sdpa_params *params)
+static sdpa_status context_call(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                                const sdpa_params *params, int warmup)
 {
     if (!ctx)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
@@ -135,8 +143,24 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
     if (st != SDPA_OK)
         return st;
     return decide_and_run(ctx, NULL,
-                          params && params->layer_name ? params->layer_name : "sdpa_forward",
-                          &call);
+                          params && params->layer_name ? params->layer_name
+                          : warmup                     ? "sdpa_warmup"
+                                                       : "sdpa_forward",
+                          &call, warmup);
+}
+
+sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                         const sdpa_params *params)
+{
+    return context_call(ctx, q, k, v, out, lse, params, 0);
+}
+
+sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                        const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                        const sdpa_params *params)
+{
+    return context_call(ctx, q, k, v, out, lse, params, 1);
 }
 
 /* ---- layers */
@@ -259,9 +283,9 @@ static sdpa_status layer_decision(sdpa_layer *l, const sdpa_call_desc *d, cache_
     return SDPA_OK;
 }
 
-sdpa_status sdpa_layer_forward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
-                               const sdpa_tensor *v, sdpa_tensor *out, float *lse,
-                               const sdpa_params *params)
+static sdpa_status layer_call(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                              const sdpa_params *params, int warmup)
 {
     if (!l)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "layer is NULL, expected a layer handle");
@@ -272,11 +296,25 @@ sdpa_status sdpa_layer_forward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_t
     call.desc.component = l->component[0] ? l->component : NULL;
     call.desc.quant = l->quant[0] ? l->quant : NULL;
     if (call.desc.backend) /* per-call explicit choice: not cached */
-        return decide_and_run(l->ctx, l, l->name, &call);
+        return decide_and_run(l->ctx, l, l->name, &call, warmup);
     cache_entry e;
     if ((st = layer_decision(l, &call.desc, &e)) != SDPA_OK)
         return st;
     if (e.status != SDPA_OK)
         return sdpa__fail(e.status, "layer '%s': %s", l->name, e.error);
-    return run_candidates(l->ctx, l, l->name, &call, e.cand, e.n, e.source);
+    return run_candidates(l->ctx, l, l->name, &call, e.cand, e.n, e.source, warmup);
+}
+
+sdpa_status sdpa_layer_forward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                               const sdpa_params *params)
+{
+    return layer_call(l, q, k, v, out, lse, params, 0);
+}
+
+sdpa_status sdpa_layer_warmup(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                              const sdpa_params *params)
+{
+    return layer_call(l, q, k, v, out, lse, params, 1);
 }

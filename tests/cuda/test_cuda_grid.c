@@ -86,8 +86,13 @@ static void check_case(const char *backend, const char *against, tl_case c)
         cudaFree(o2.mem);
     }
     prm.backend = backend;
+    /* Warm-up first (cuda.cudnn builds its plan here): it must agree with
+     * the forward call that follows. */
+    sdpa_status sw = sdpa_warmup(ctx, &q.t, &k.t, &v.t, &o.t, lse_dev, &prm);
     sdpa_status st = sdpa_forward(ctx, &q.t, &k.t, &v.t, &o.t, lse_dev, &prm);
     cudaError_t sync = cudaDeviceSynchronize();
+    CHECK(sw == st, "%s: warm-up said %s, forward %s", what, sdpa_status_string(sw),
+          sdpa_status_string(st));
     if (st == SDPA_UNSUPPORTED) {
         tl_skip(what, sdpa_last_error());
     } else {

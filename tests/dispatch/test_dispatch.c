@@ -397,6 +397,75 @@ static void test_lse_forcing(void)
     sdpa_context_destroy(ctx);
 }
 
+/* Warm-up walks the candidates as forward does, prepares instead of
+ * running, latches what refuses, passes errors through, writes nothing. */
+static void test_warmup(void)
+{
+    sdpa_context *ctx = cpu_ctx_with_scripts();
+    sdpa_context_load_policy_text(ctx, "rule r\ndevice cpu\ntry test.a test.b\nevidence x\n",
+                                  "r.rules");
+    run_setup r;
+    setup(&r, ctx, 1);
+    sa.has_prepare = 1;
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.name = "blocks.1.attn1";
+    sdpa_layer *layer;
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    memset(r.out.mem, 0x5A, r.out.bytes);
+    CHECK_STATUS(sdpa_layer_warmup(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(atomic_load(&sa.prepares) == 1 && atomic_load(&sa.runs) == 0,
+          "warm-up: %d prepares, %d runs of test.a", atomic_load(&sa.prepares),
+          atomic_load(&sa.runs));
+    CHECK(strcmp(sdpa_last_backend(), "test.a") == 0, "warm-up names %s", sdpa_last_backend());
+    int untouched = 1;
+    for (size_t i = 0; i < r.out.bytes; i++)
+        untouched &= ((unsigned char *)r.out.mem)[i] == 0x5A;
+    CHECK(untouched, "warm-up wrote the output");
+    CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(atomic_load(&sa.runs) == 1 && correct(&r), "forward after warm-up");
+    sdpa_layer_destroy(layer);
+
+    /* A backend that refuses the shape at warm-up is latched there. */
+    sa.prepare_status = SDPA_UNSUPPORTED;
+    atomic_store(&sa.runs, 0), atomic_store(&sa.prepares, 0);
+    ld.name = "blocks.2.attn1";
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    tl_log_reset();
+    CHECK_STATUS(sdpa_layer_warmup(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(strcmp(sdpa_last_backend(), "test.b") == 0, "after the refusal: %s",
+          sdpa_last_backend());
+    CHECK(sdpa_layer_is_latched(layer, "test.a") && tl_log_warnings == 1 &&
+              strstr(tl_last_warning, "at warm-up"),
+          "latched %d, %d warnings: %s", sdpa_layer_is_latched(layer, "test.a"),
+          tl_log_warnings, tl_last_warning);
+    CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(atomic_load(&sa.runs) == 0 && atomic_load(&sb.runs) == 1 && correct(&r),
+          "forward skips the latched backend: test.a %d runs, test.b %d",
+          atomic_load(&sa.runs), atomic_load(&sb.runs));
+    sdpa_layer_destroy(layer);
+
+    /* Errors come back as they would from forward, and latch nothing. */
+    sa.prepare_status = SDPA_OUT_OF_MEMORY;
+    ld.name = "blocks.3.attn1";
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    CHECK_STATUS(sdpa_layer_warmup(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OUT_OF_MEMORY);
+    CHECK(!sdpa_layer_is_latched(layer, "test.a"), "OOM at warm-up latched");
+    CHECK_STATUS(sdpa_warmup(ctx, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OUT_OF_MEMORY);
+    sdpa_layer_destroy(layer);
+
+    /* Bad tensors are refused as forward refuses them. */
+    CHECK_STATUS(sdpa_warmup(ctx, NULL, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_INVALID_ARGUMENT);
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
 static void test_latch(void)
 {
     sdpa_context *ctx = cpu_ctx_with_scripts();
@@ -647,6 +716,7 @@ int main(void)
     test_explicit_refusal();
     test_lse_forcing();
     test_latch();
+    test_warmup();
     test_concurrency();
     test_wrong_result_detected();
     test_explain();

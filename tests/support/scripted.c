@@ -48,6 +48,19 @@ static sdpa_status scripted_run(const sdpa_backend *self, const sdpa_call *call)
     return st;
 }
 
+static sdpa_status scripted_prepare(const sdpa_backend *self, const sdpa_call *call)
+{
+    (void)call;
+    scripted *s = self->state;
+    if (!s->has_prepare) /* as a backend without the hook: nothing to build */
+        return SDPA_OK;
+    atomic_fetch_add(&s->prepares, 1);
+    if (s->prepare_status != SDPA_OK)
+        return sdpa__fail(s->prepare_status, "%s: scripted warm-up %s", self->name,
+                          sdpa_status_string(s->prepare_status));
+    return SDPA_OK;
+}
+
 sdpa_status scripted_add(sdpa_context *ctx, const char *name, scripted *script)
 {
     /* Leaked on purpose: a registered backend lives as long as the test. */
@@ -65,6 +78,7 @@ sdpa_status scripted_add(sdpa_context *ctx, const char *name, scripted *script)
     b->device = script->cuda ? SDPA_DEVICE_CUDA : SDPA_DEVICE_CPU;
     b->check = scripted_check;
     b->run = scripted_run;
+    b->prepare = scripted_prepare; /* has_prepare may be set after registering */
     b->state = script;
     return sdpa__ctx_add_backend(ctx, b);
 }

@@ -18,6 +18,9 @@ typedef struct scripted {
     int no_lse;              /* 1: declares no LSE output                         */
     int cuda;                /* 1: a CUDA backend (decisions only)                */
     _Atomic int runs;        /* how many times run() was entered                  */
+    int has_prepare;         /* 1: has a warm-up step; 0: prepare() does nothing  */
+    sdpa_status prepare_status; /* not OK: prepare() fails with it                */
+    _Atomic int prepares;    /* how many times prepare() was entered              */
     double cost_ms;          /* advances scripted_clock_ms by this much per run   */
     double jitter;           /* ... times (1 + jitter * u), u uniform in [-1, 1)  */
 } scripted;
