@@ -49,10 +49,12 @@ static void init(const sdpa_cuda_host *host) { sdpa_cuda__host = host; }
 sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
 sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *c);
 sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__flash_run(const sdpa_backend *self, const sdpa_call *c);
 
 static const sdpa_cuda_kernel kernels[] = {
     {"cuda.cudnn", "cudnn-graph", sdpa_cuda__cudnn_run, sdpa_cuda__cudnn_prepare},
 #ifdef SDPA_HAVE_CUDA_KERNELS
+    {"cuda.flash", "fa2-mma-v1", sdpa_cuda__flash_run, NULL},
     {"cuda.unfused", "cublas", sdpa_cuda__unfused_run, NULL},
 #endif
     {NULL, NULL, NULL, NULL},

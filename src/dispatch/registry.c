@@ -61,9 +61,9 @@ const sdpa_backend sdpa__backend_cuda_cudnn = {
 
 const sdpa_backend sdpa__backend_cuda_flash = {
     .name = "cuda.flash",
-    .summary = "libsdpa's FlashAttention-2-style CUDA C kernel",
+    .summary = "libsdpa's FlashAttention-2-style CUDA C kernel (mma.sync, D <= 128)",
     .device = SDPA_DEVICE_CUDA,
-    .caps = {.dtypes = HALF_TYPES, .d_min = 32, .d_max = 256, .d_multiple = 8, .gqa = 1,
+    .caps = {.dtypes = HALF_TYPES, .d_min = 8, .d_max = 128, .d_multiple = 8, .gqa = 1,
              .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
              .deterministic = 1, .min_cc = 80},
     .version = "absent",
