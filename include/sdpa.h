@@ -583,8 +583,9 @@ sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
  * Measures an arithmetic ceiling of this machine with a short probe
  * (~0.2 s) over the context's threads, in GFLOP/s: what = "fp32" is the FMA
  * peak of the best usable vector ISA (12 register-only FMA chains per
- * thread); "amx-bf16" the TDPBF16PS peak (4 accumulator tiles per thread),
- * NOT_AVAILABLE without usable AMX. *isa, if not NULL, names the ISA probed. Benchmarks print their
+ * thread); "avx512-bf16" the VDPBF16PS peak (12 chains per thread) and
+ * "amx-bf16" the TDPBF16PS peak (4 accumulator tiles per thread), each
+ * NOT_AVAILABLE where the CPU cannot run it. *isa, if not NULL, names the ISA probed. Benchmarks print their
  * figures as a percentage of this, measured in the same run.
  */
 sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,

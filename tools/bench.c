@@ -138,19 +138,22 @@ int cmd_bench(int argc, char **argv)
     const char *ceiling_isa = "none";
     if (sdpa_measure_ceiling(ctx, "fp32", &ceiling, &ceiling_isa) != SDPA_OK)
         ceiling = 0;
-    /* Backends whose products are bf16 tiles (cpu.amx) are measured
-     * against the AMX ceiling, the others against the fp32 one. */
-    double amx_ceiling = 0;
+    /* Backends whose products are bf16 are measured against the ceiling of
+     * their unit: AMX tiles (cpu.amx) or VDPBF16PS (cpu.avx512bf16); the
+     * others against the fp32 FMA one. */
+    double amx_ceiling = 0, dpbf16_ceiling = 0;
     if (sdpa_measure_ceiling(ctx, "amx-bf16", &amx_ceiling, NULL) != SDPA_OK)
         amx_ceiling = 0;
+    if (sdpa_measure_ceiling(ctx, "avx512-bf16", &dpbf16_ceiling, NULL) != SDPA_OK)
+        dpbf16_ceiling = 0;
     double bceil[MAX_BENCH_BACKENDS];
     for (int b = 0; b < nb; b++) {
         bceil[b] = ceiling;
         for (int i = 0; i < sdpa_backend_count(ctx); i++) {
             sdpa_backend_info bi;
             if (sdpa_backend_get(ctx, i, &bi) == SDPA_OK && strcmp(bi.name, names[b]) == 0 &&
-                bi.product_bits == 8 && strncmp(bi.name, "cpu.amx", 7) == 0)
-                bceil[b] = amx_ceiling;
+                bi.product_bits == 8)
+                bceil[b] = strncmp(bi.name, "cpu.amx", 7) == 0 ? amx_ceiling : dpbf16_ceiling;
         }
     }
     /* In-run baselines for the ratio columns, when benchmarked. */
@@ -168,6 +171,10 @@ int cmd_bench(int argc, char **argv)
         printf("# ceiling: fp32 FMA peak %.0f GFLOP/s (%s probe, %d threads, this run); "
                "x portable / x blas: speed-up over those backends in this run\n",
                ceiling, ceiling_isa, sdpa_context_threads(ctx));
+        if (dpbf16_ceiling > 0)
+            printf("# ceiling: AVX512-BF16 peak %.0f GFLOP/s (VDPBF16PS probe, this run); "
+                   "cpu.avx512bf16's %%peak is of this one\n",
+                   dpbf16_ceiling);
         if (amx_ceiling > 0)
             printf("# ceiling: AMX bf16 peak %.0f GFLOP/s (TDPBF16PS probe, this run); "
                    "cpu.amx's %%peak is of this one\n",

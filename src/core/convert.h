@@ -10,6 +10,7 @@
 #include "half.h"
 
 #include <math.h>
+#include <string.h>
 
 static inline float sdpa__load_f32(const void *base, sdpa_dtype t, int64_t i)
 {
@@ -52,6 +53,23 @@ static inline void sdpa__load_row(const void *src, sdpa_dtype t, int64_t stride,
     }
     for (int64_t j = 0; j < n; j++)
         dst[j] = sdpa__load_f32(src, t, j * stride) * mul;
+}
+
+/* dst[j] = src[j * stride] as bf16 bits (round to nearest even) for j < n. */
+static inline void sdpa__load_row_bf16(const void *src, sdpa_dtype t, int64_t stride, int64_t n,
+                                       uint16_t *restrict dst)
+{
+    if (t == SDPA_BF16 && stride == 1) {
+        memcpy(dst, src, (size_t)n * sizeof *dst);
+        return;
+    }
+    if (t == SDPA_BF16) {
+        for (int64_t j = 0; j < n; j++)
+            dst[j] = ((const uint16_t *)src)[j * stride];
+        return;
+    }
+    for (int64_t j = 0; j < n; j++)
+        dst[j] = sdpa__f32_to_bf16(sdpa__load_f32(src, t, j * stride));
 }
 
 /* dst[j * stride] = src[j] * mul for j < n, converting to dtype t. */

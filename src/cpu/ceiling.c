@@ -13,6 +13,7 @@
 double sdpa__probe_fma_avx512(int64_t iters);
 double sdpa__probe_fma_avx2(int64_t iters);
 double sdpa__probe_amx_bf16(int64_t iters);
+double sdpa__probe_dpbf16_avx512(int64_t iters);
 
 typedef struct probe_job {
     double (*fn)(int64_t);
@@ -40,16 +41,19 @@ sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gf
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL",
                           !ctx ? "ctx" : !what ? "what" : "gflops");
     *gflops = 0;
-    const int amx = strcmp(what, "amx-bf16") == 0;
-    if (strcmp(what, "fp32") != 0 && !amx)
+    const int amx = strcmp(what, "amx-bf16") == 0, dpbf16 = strcmp(what, "avx512-bf16") == 0;
+    if (strcmp(what, "fp32") != 0 && !amx && !dpbf16)
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                          "what is '%s', expected \"fp32\" or \"amx-bf16\"", what);
+                          "what is '%s', expected \"fp32\", \"avx512-bf16\" or \"amx-bf16\"",
+                          what);
     probe_job job = {NULL, 20000000}; /* ~30 ms per thread at 250 GFLOP/s */
     const char *name = "none";
 #ifdef SDPA_HAVE_X86_KERNELS
     if (amx && (ctx->host.cpu_features & SDPA_CPU_AMX_BF16))
         job.fn = sdpa__probe_amx_bf16, job.iters = 1000000, name = "amx"; /* ~30 ms */
-    else if (amx)
+    else if (dpbf16 && (ctx->host.cpu_features & SDPA_CPU_AVX512BF16))
+        job.fn = sdpa__probe_dpbf16_avx512, name = "avx512-bf16";
+    else if (amx || dpbf16)
         ;
     else if (ctx->host.cpu_features & SDPA_CPU_AVX512F)
         job.fn = sdpa__probe_fma_avx512, name = "avx512";
@@ -59,8 +63,9 @@ sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gf
     if (isa)
         *isa = name;
     if (!job.fn)
-        return sdpa__fail(SDPA_NOT_AVAILABLE, amx ? "no usable AMX-BF16 on this machine"
-                                                  : "no vector FMA probe for this CPU");
+        return sdpa__fail(SDPA_NOT_AVAILABLE, amx      ? "no usable AMX-BF16 on this machine"
+                                              : dpbf16 ? "no usable AVX512-BF16 on this machine"
+                                                       : "no vector FMA probe for this CPU");
     sdpa_pool *pool;
     sdpa_status st = sdpa__ctx_pool(ctx, &pool);
     if (st != SDPA_OK)

@@ -27,6 +27,17 @@
  *   V_ADD, V_MAX, V_EXP (e^x of a vector, x <= 0), QV (vectors per query
  *   block), MR (micro-kernel rows), KERNEL_NAME, BACKEND_SYMBOL, the
  *   backend's caps and present function.
+ *
+ * Pair mode (TILED_PAIRS, cpu.avx512bf16): both products use a two-term
+ * bf16 dot product per lane (VDPBF16PS), so the reduction index runs in
+ * pairs: Q^T is packed as [D/2][BQ] pairs of bf16 (unscaled: the scale
+ * is applied to S^T in fp32, so bf16 inputs stay exact), K as bf16 rows
+ * whose consecutive elements are the pairs, V as [BK/2][D] pairs of
+ * consecutive keys, and P^T, after the fp32 softmax, is rounded to bf16
+ * pairs of consecutive keys in place. An odd D or key count is padded
+ * with zeros. The ISA file then also defines a_elem/b_elem (uint32_t),
+ * avec/bvec, A_BCAST, B_LOAD, V_MAC(acc, a, b) and PACK_PAIRS(dst, lo, hi)
+ * (two fp32 vectors of queries to one vector of bf16 pairs).
  */
 #include "../core/convert.h"
 #include "flash_tasks.h"
@@ -38,6 +49,16 @@
 
 #define BQ (QV * VL)
 #define BK 128
+
+#ifndef TILED_PAIRS /* fp32 products: one A element, one B element per step */
+typedef float a_elem;
+typedef float b_elem;
+typedef vec avec;
+typedef vec bvec;
+#define A_BCAST(x) V_SET1(x)
+#define B_LOAD(p) V_LOAD(p)
+#define V_MAC(acc, a, b) V_FMA((a), (b), (acc))
+#endif
 
 typedef struct qblock {
     float *qt;    /* [D][BQ]  Q^T, scaled   */
@@ -60,10 +81,11 @@ typedef struct job {
 
 /*
  * C[mr][BQ] (+)= sum_k A[i*rs + k*cs] * B[k][0..BQ). Inlined with a
- * constant mr so the accumulators stay in registers.
+ * constant mr so the accumulators stay in registers. In pair mode each A
+ * and B element is a pair of bf16 and the step is a two-term dot product.
  */
-static inline __attribute__((always_inline)) void ukr(const int mr, int K, const float *a,
-                                                      ptrdiff_t rs, ptrdiff_t cs, const float *b,
+static inline __attribute__((always_inline)) void ukr(const int mr, int K, const a_elem *a,
+                                                      ptrdiff_t rs, ptrdiff_t cs, const b_elem *b,
                                                       float *c, int accumulate)
 {
     vec acc[MR][QV];
@@ -71,13 +93,13 @@ static inline __attribute__((always_inline)) void ukr(const int mr, int K, const
         for (int v = 0; v < QV; v++)
             acc[i][v] = accumulate ? V_LOAD(c + i * BQ + v * VL) : V_ZERO();
     for (int k = 0; k < K; k++) {
-        vec bv[QV];
+        bvec bv[QV];
         for (int v = 0; v < QV; v++)
-            bv[v] = V_LOAD(b + (ptrdiff_t)k * BQ + v * VL);
+            bv[v] = B_LOAD(b + (ptrdiff_t)k * BQ + v * VL);
         for (int i = 0; i < mr; i++) {
-            const vec ai = V_SET1(a[i * rs + k * cs]);
+            const avec ai = A_BCAST(a[i * rs + k * cs]);
             for (int v = 0; v < QV; v++)
-                acc[i][v] = V_FMA(ai, bv[v], acc[i][v]);
+                acc[i][v] = V_MAC(acc[i][v], ai, bv[v]);
         }
     }
     for (int i = 0; i < mr; i++)
@@ -87,8 +109,8 @@ static inline __attribute__((always_inline)) void ukr(const int mr, int K, const
 
 /* Row blocks of MR with one dispatch for the tail, so every call site sees
  * a constant mr. */
-static void gemm_rows(int rows, int K, const float *a, ptrdiff_t rs, ptrdiff_t cs,
-                      const float *b, float *c, int accumulate)
+static void gemm_rows(int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t cs,
+                      const b_elem *b, float *c, int accumulate)
 {
     int i = 0;
     for (; i + MR <= rows; i += MR)
@@ -116,15 +138,76 @@ static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb, int
     const int64_t D = c->desc.D;
     memset(qb->qt, 0, sizeof(float) * (size_t)D * BQ);
     for (int r = 0; r < rows; r++) {
-        sdpa__load_row(sdpa__elem(q, sdpa__offset(q, b, i0 + r, h, 0)), q->dtype, q->stride[3],
-                       D, (float)c->scale, w->row);
+        const void *src = sdpa__elem(q, sdpa__offset(q, b, i0 + r, h, 0));
+#ifdef TILED_PAIRS
+        uint16_t *row = (uint16_t *)w->row;
+        row[D] = 0; /* the pad of an odd D */
+        sdpa__load_row_bf16(src, q->dtype, q->stride[3], D, row);
+        uint32_t *qt = (uint32_t *)qb->qt;
+        for (int64_t i = 0; i < (D + 1) / 2; i++)
+            qt[i * BQ + r] = (uint32_t)row[2 * i] | (uint32_t)row[2 * i + 1] << 16;
+#else
+        sdpa__load_row(src, q->dtype, q->stride[3], D, (float)c->scale, w->row);
         for (int64_t d = 0; d < D; d++)
             qb->qt[d * BQ + r] = w->row[d];
+#endif
     }
     memset(qb->ot, 0, sizeof(float) * (size_t)D * BQ);
     for (int r = 0; r < BQ; r++)
         qb->m[r] = -INFINITY, qb->l[r] = 0.0f;
 }
+
+#ifdef TILED_PAIRS
+/* K rows j0.. as bf16 rows of Dp = D rounded up to even (zero pad); V as
+ * [BK/2][D] pairs of consecutive keys (key bk of an odd bk is zero). */
+static void load_kv_pairs(const sdpa_call *c, const workspace *w, const flash_task *tk,
+                          int64_t j0, int bk)
+{
+    const sdpa_tensor *k = c->k, *v = c->v;
+    const int64_t D = c->desc.D, Dp = (D + 1) / 2 * 2;
+    uint16_t *kb = (uint16_t *)w->k, *lo = (uint16_t *)w->row, *hi = lo + D;
+    uint32_t *vp = (uint32_t *)w->v;
+    for (int j = 0; j < bk; j++) {
+        kb[(ptrdiff_t)j * Dp + D] = 0;
+        sdpa__load_row_bf16(sdpa__elem(k, sdpa__offset(k, tk->b, j0 + j, tk->hk, 0)), k->dtype,
+                            k->stride[3], D, kb + (ptrdiff_t)j * Dp);
+    }
+    for (int j = 0; j < bk; j += 2) {
+        sdpa__load_row_bf16(sdpa__elem(v, sdpa__offset(v, tk->b, j0 + j, tk->hk, 0)), v->dtype,
+                            v->stride[3], D, lo);
+        if (j + 1 < bk)
+            sdpa__load_row_bf16(sdpa__elem(v, sdpa__offset(v, tk->b, j0 + j + 1, tk->hk, 0)),
+                                v->dtype, v->stride[3], D, hi);
+        else
+            memset(hi, 0, sizeof *hi * (size_t)D);
+        uint32_t *dst = vp + (ptrdiff_t)(j / 2) * D;
+        for (int64_t d = 0; d < D; d++)
+            dst[d] = (uint32_t)lo[d] | (uint32_t)hi[d] << 16;
+    }
+}
+
+/* S^T *= scale (pair mode keeps Q unscaled). */
+static void scale_tile(float *st, int bk, float scale)
+{
+    const vec s = V_SET1(scale);
+    for (int i = 0; i < bk * BQ; i += VL)
+        V_STORE(st + i, V_MUL(V_LOAD(st + i), s));
+}
+
+/* P^T [bk][BQ] fp32 -> [bkp/2][BQ] bf16 pairs of consecutive keys, in place
+ * (pair row i is written after rows 2i and 2i + 1 are read). */
+static void pack_p_pairs(float *st, int bk)
+{
+    uint32_t *pt = (uint32_t *)st;
+    for (int i = 0; i < (bk + 1) / 2; i++)
+        for (int v = 0; v < QV; v++) {
+            const vec lo = V_LOAD(st + (ptrdiff_t)(2 * i) * BQ + v * VL);
+            const vec hi = 2 * i + 1 < bk ? V_LOAD(st + (ptrdiff_t)(2 * i + 1) * BQ + v * VL)
+                                          : V_ZERO();
+            PACK_PAIRS(pt + (ptrdiff_t)i * BQ + v * VL, lo, hi);
+        }
+}
+#endif
 
 /* Masks S^T entries (key j0 + j, query i0 + r) with j0 + j > i0 + r + offset. */
 static void mask_tile(float *st, int bk, int64_t j0, int64_t i0, int64_t offset)
@@ -191,25 +274,40 @@ static void task_fn(void *arg, int64_t task, int worker)
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
         load_q(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
     }
-    const sdpa_tensor *k = c->k, *v = c->v;
     for (int64_t j0 = 0; j0 < tk.kv_end; j0 += BK) {
         const int bk = (int)(tk.kv_end - j0 < BK ? tk.kv_end - j0 : BK);
+#ifdef TILED_PAIRS
+        load_kv_pairs(c, w, &tk, j0, bk);
+        const int Dh = (int)(D + 1) / 2, bkh = (bk + 1) / 2; /* pairs */
+#else
+        const sdpa_tensor *k = c->k, *v = c->v;
         for (int j = 0; j < bk; j++) {
             sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk.b, j0 + j, tk.hk, 0)), k->dtype,
                            k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
             sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk.b, j0 + j, tk.hk, 0)), v->dtype,
                            v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
         }
+#endif
         for (int q = 0; q < tk.nqb; q++) {
             const qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             if (tk.causal && j0 > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
+#ifdef TILED_PAIRS
+            gemm_rows(bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
+            scale_tile(w->st, bk, (float)c->scale);
+#else
             gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
+#endif
             if (tk.causal && j0 + bk - 1 > i0 + tk.offset)
                 mask_tile(w->st, bk, j0, i0, tk.offset);
             softmax_tile(w->st, bk, qb, D);
+#ifdef TILED_PAIRS
+            pack_p_pairs(w->st, bk);
+            gemm_rows((int)D, bkh, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot, 1);
+#else
             gemm_rows((int)D, bk, w->v, 1, D, w->st, qb->ot, 1);
+#endif
         }
     }
     for (int q = 0; q < tk.nqb; q++) {

@@ -63,6 +63,7 @@ extern const sdpa_backend sdpa__backend_cpu_portable;
 extern const sdpa_backend sdpa__backend_cpu_avx512;
 extern const sdpa_backend sdpa__backend_cpu_avx2;
 extern const sdpa_backend sdpa__backend_cpu_amx;
+extern const sdpa_backend sdpa__backend_cpu_avx512bf16;
 extern const sdpa_backend sdpa__backend_cpu_blas;
 extern const sdpa_backend sdpa__backend_cuda_cudnn;
 extern const sdpa_backend sdpa__backend_cuda_flash;

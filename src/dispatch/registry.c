@@ -128,6 +128,16 @@ const sdpa_backend sdpa__backend_cpu_amx = {
              .product_bits = 8},
     .version = "absent", .present = x86_absent, .run = x86_absent_run,
 };
+
+const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
+    .name = "cpu.avx512bf16", .summary = "AVX512-BF16 tiled kernel (x86-64 only)",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = HALF_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
+             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .deterministic = 1, .cpu_features = SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16,
+             .product_bits = 8},
+    .version = "absent", .present = x86_absent, .run = x86_absent_run,
+};
 #endif
 
 #ifndef SDPA_HAVE_OPENBLAS
@@ -157,8 +167,9 @@ const sdpa_backend sdpa__backend_cpu_blas = {
 #endif
 
 const sdpa_backend *const sdpa__builtin_backends[] = {
-    &sdpa__backend_ref,       &sdpa__backend_cpu_portable, &sdpa__backend_cpu_amx,
-    &sdpa__backend_cpu_avx512, &sdpa__backend_cpu_avx2,    &sdpa__backend_cpu_blas,
+    &sdpa__backend_ref,        &sdpa__backend_cpu_portable, &sdpa__backend_cpu_amx,
+    &sdpa__backend_cpu_avx512bf16, &sdpa__backend_cpu_avx512, &sdpa__backend_cpu_avx2,
+    &sdpa__backend_cpu_blas,
     &sdpa__backend_cuda_cudnn, &sdpa__backend_cuda_flash,  &sdpa__backend_cuda_unfused,
     NULL,
 };

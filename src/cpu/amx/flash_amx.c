@@ -93,19 +93,6 @@ typedef struct amx_job {
  * 16 x 16 fp32, A 16 x 32 bf16, B 16 pair-rows x 16 columns x 2 bf16.
  * tmm0-3 accumulate, tmm4-5 hold A, tmm6-7 hold B. */
 
-/* n elements of a tensor row (element stride `stride`) as bf16, RNE. */
-static void row_to_bf16(const void *src, sdpa_dtype t, int64_t stride, int64_t n,
-                        uint16_t *restrict dst)
-{
-    if (t == SDPA_BF16 && stride == 1) {
-        memcpy(dst, src, (size_t)n * 2);
-        return;
-    }
-    for (int64_t j = 0; j < n; j++)
-        dst[j] = t == SDPA_BF16 ? ((const uint16_t *)src)[j * stride]
-                                : sdpa__f32_to_bf16(sdpa__load_f32(src, t, j * stride));
-}
-
 static const void *row_ptr(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     return sdpa__elem(t, sdpa__offset(t, b, s, h, 0));
@@ -118,7 +105,7 @@ static void load_q(const amx_job *jb, const amx_qblock *qb, int64_t b, int64_t h
     const int64_t D = c->desc.D, Dp = jb->Dp;
     memset(qb->q, 0, sizeof(uint16_t) * (size_t)(BQ * Dp));
     for (int r = 0; r < rows; r++)
-        row_to_bf16(row_ptr(c->q, b, i0 + r, h), c->q->dtype, c->q->stride[3], D,
+        sdpa__load_row_bf16(row_ptr(c->q, b, i0 + r, h), c->q->dtype, c->q->stride[3], D,
                     qb->q + r * Dp);
     memset(qb->o, 0, sizeof(float) * (size_t)(BQ * Dp));
     for (int r = 0; r < BQ; r++)
@@ -137,13 +124,13 @@ static void pack_kv(const amx_job *jb, const amx_workspace *w, int64_t b, int64_
     memset(w->v, 0, sizeof(uint16_t) * (size_t)(bkp * Dp));
     for (int j = 0; j < bk; j++) {
         /* K: tile (g = j / 16, chunk), row r = (d % 32) / 2, column j % 16, half d % 2 */
-        row_to_bf16(row_ptr(c->k, b, j0 + j, hk), c->k->dtype, c->k->stride[3], D, w->row);
+        sdpa__load_row_bf16(row_ptr(c->k, b, j0 + j, hk), c->k->dtype, c->k->stride[3], D, w->row);
         uint16_t *kt = w->k + (int64_t)(j / 16) * kchunks * 512 + (j % 16) * 2;
         for (int64_t d = 0; d < D; d++)
             kt[(d / 32) * 512 + ((d % 32) / 2) * 32 + (d % 2)] = w->row[d];
         /* V: tile (chunk = j / 32, group = d / 16), row r = (j % 32) / 2,
          * column d % 16, half j % 2 */
-        row_to_bf16(row_ptr(c->v, b, j0 + j, hk), c->v->dtype, c->v->stride[3], D, w->row);
+        sdpa__load_row_bf16(row_ptr(c->v, b, j0 + j, hk), c->v->dtype, c->v->stride[3], D, w->row);
         uint16_t *vt = w->v + (int64_t)(j / 32) * vgroups * 512 + ((j % 32) / 2) * 32 + (j % 2);
         for (int64_t d = 0; d < D; d++)
             vt[(d / 16) * 512 + (d % 16) * 2] = w->row[d];
