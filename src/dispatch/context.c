@@ -321,31 +321,42 @@ static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
     return SDPA_OK;
 }
 
-/* One line on which CPU kernel this machine gets and why the better ones
- * do not run ("AMX present but permission refused -> cpu.avx512"). */
-static void log_isa_decision(const sdpa_context *ctx)
+/* One line on which CPU kernel each input dtype gets here (by the rules,
+ * for a typical diffusion call) and why the better ones do not run
+ * ("AMX present but permission refused; f32 -> cpu.avx512, ..."). */
+static void log_isa_decision(sdpa_context *ctx)
 {
-    int best = -1;
-    char skipped[512] = "";
+    char kernels[160] = "", skipped[512] = "";
+    for (int t = 0; t < SDPA_DTYPE_COUNT; t++) {
+        sdpa_call_desc d;
+        memset(&d, 0, sizeof d);
+        d.device = SDPA_DEVICE_CPU, d.dtype = (sdpa_dtype)t;
+        d.B = 1, d.Sq = d.Skv = 1024, d.Hq = d.Hkv = 8, d.D = 128;
+        sdpa_decision dec;
+        int cand[SDPA_MAX_CANDIDATES];
+        const char *name = "none";
+        if (sdpa__decide(ctx, &d, NULL, &dec, cand) == SDPA_OK && dec.status == SDPA_OK)
+            for (int k = 0; k < dec.n_candidates && strcmp(name, "none") == 0; k++)
+                if (ctx->present[cand[k]])
+                    name = ctx->backends[cand[k]]->name;
+        size_t len = strlen(kernels);
+        snprintf(kernels + len, sizeof kernels - len, "%s%s -> %s", len ? ", " : "",
+                 sdpa_dtype_name((sdpa_dtype)t), name);
+    }
+    sdpa__clear_error();
     for (int i = 0; i < ctx->n_backends; i++) {
         const sdpa_backend *b = ctx->backends[i];
-        if (b->device != SDPA_DEVICE_CPU || b->fallback_rank <= 0)
+        if (b->device != SDPA_DEVICE_CPU || b->fallback_rank <= 0 || ctx->present[i])
             continue;
-        if (ctx->present[i]) {
-            if (best < 0 || b->fallback_rank > ctx->backends[best]->fallback_rank)
-                best = i;
-        } else {
-            size_t len = strlen(skipped);
-            snprintf(skipped + len, sizeof skipped - len, "%s%s %s", len ? "; " : "", b->name,
-                     ctx->why_absent[i]);
-        }
+        size_t len = strlen(skipped);
+        snprintf(skipped + len, sizeof skipped - len, "%s%s %s", len ? "; " : "", b->name,
+                 ctx->why_absent[i]);
     }
     const char *amx = (ctx->host.cpu_features_present & SDPA_CPU_AMX_BF16) && !ctx->host.amx_permitted
                           ? "AMX present but permission refused; "
                           : "";
-    sdpa__log(&ctx->log, SDPA_LOG_INFO, "CPU kernel: %s-> %s%s%s%s", amx,
-              best >= 0 ? ctx->backends[best]->name : "none", skipped[0] ? " (" : "", skipped,
-              skipped[0] ? ")" : "");
+    sdpa__log(&ctx->log, SDPA_LOG_INFO, "CPU kernel: %s%s%s%s%s", amx, kernels,
+              skipped[0] ? " (" : "", skipped, skipped[0] ? ")" : "");
 }
 
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out)

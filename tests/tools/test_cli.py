@@ -87,7 +87,8 @@ def save(name, arr):
     return path(name)
 
 
-def run_case(what, q, k, v, causal="none", extra=(), dtype_round=None, tol=1e-4, scale=None):
+def run_case(what, q, k, v, causal="none", extra=(), dtype_round=None, tol=1e-4, scale=None,
+             lse_tol=1e-4):
     for f in ("o.npy", "l.npy"):
         if os.path.exists(path(f)):
             os.remove(path(f))
@@ -112,7 +113,7 @@ def run_case(what, q, k, v, causal="none", extra=(), dtype_round=None, tol=1e-4,
     fin = np.isfinite(want_lse)
     check(np.array_equal(fin, np.isfinite(got_lse)), f"{what}: -inf LSE rows differ")
     lerr = np.abs(got_lse[fin] - want_lse[fin]).max() if fin.any() else 0.0
-    check(lerr <= 1e-4, f"{what}: max |lse - ref| = {lerr:.3g}")
+    check(lerr <= lse_tol, f"{what}: max |lse - ref| = {lerr:.3g} > {lse_tol}")
     return r
 
 
@@ -129,7 +130,10 @@ run_case("scale", q, k, v, extra=["--scale", "0.3"], scale=0.3)
 run_case("threads 1", q, k, v, extra=["--threads", "1"])
 r = run_case("explicit ref", q, k, v, extra=["--backend", "ref"])
 check("backend ref" in r.stdout, f"explicit backend reported: {r.stdout!r}")
-run_case("dtype bf16", q, k, v, extra=["--dtype", "bf16"], dtype_round=to_bf16, tol=1e-4)
+# bf16 may run on a kernel with bf16 products (cpu.avx512bf16, cpu.amx: P rounded
+# to bf16, 2^-8 relative per weight), so its bound is 2 * 2^-8 as in the test grid.
+run_case("dtype bf16", q, k, v, extra=["--dtype", "bf16"], dtype_round=to_bf16, tol=7.9e-3,
+         lse_tol=7.9e-3)
 qh, kh, vh = (x.astype(np.float16) for x in (q, k, v))
 run_case("float16 files", qh, kh, vh, dtype_round=lambda x: x.astype(np.float16).astype(np.float32))
 q1 = rand(1, 1, 1, 72)
