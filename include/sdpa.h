@@ -230,7 +230,9 @@ sdpa_status sdpa_platform_detect(sdpa_platform *out);
  * Builds a platform from text:
  *   "cpu"                         this machine's CPU
  *   "cpu:isa=avx2"                this machine's CPU capped at an ISA level:
- *                                 portable | avx2 | avx512 | amx
+ *                                 portable | avx2 | avx512 | avx512bf16 | amx
+ *                                 (avx512: fp32 only; avx512bf16 adds the
+ *                                 BF16/FP16 extensions)
  *   "cuda:sm_100"                 an sm_100 GPU (cuDNN 9.19.0 assumed)
  *   "cuda:sm_90,cudnn=91001"      an sm_90 GPU with cuDNN 9.10.1
  * Unknown words are an INVALID_ARGUMENT error naming them.

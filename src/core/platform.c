@@ -32,7 +32,9 @@ unsigned sdpa__isa_level_mask(const char *level, int *ok)
         return SDPA_CPU_NEON;
     if (strcmp(level, "avx2") == 0)
         return SDPA_CPU_AVX2;
-    if (strcmp(level, "avx512") == 0)
+    if (strcmp(level, "avx512") == 0) /* fp32 AVX-512: no bf16/fp16 arithmetic */
+        return SDPA_CPU_AVX2 | SDPA_CPU_AVX512F;
+    if (strcmp(level, "avx512bf16") == 0)
         return SDPA_CPU_AVX2 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 | SDPA_CPU_AVX512FP16;
     if (strcmp(level, "amx") == 0)
         return ~0u;
@@ -205,7 +207,7 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
                 if (!ok)
                     return sdpa__fail(SDPA_INVALID_ARGUMENT,
                                       "platform '%s': isa '%s' unknown, expected portable, "
-                                      "avx2, avx512 or amx",
+                                      "avx2, avx512, avx512bf16 or amx",
                                       spec, tok + 4);
                 p.cpu_features &= mask;
             } else {

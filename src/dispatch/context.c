@@ -293,7 +293,8 @@ static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
         unsigned mask = sdpa__isa_level_mask(s, &ok);
         if (!ok)
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                              "SDPA_MAX_ISA='%s' unknown, expected portable, avx2, avx512 or amx",
+                              "SDPA_MAX_ISA='%s' unknown, expected portable, avx2, avx512, "
+                              "avx512bf16 or amx",
                               s);
         unsigned before = ctx->host.cpu_features;
         ctx->host.cpu_features &= mask;

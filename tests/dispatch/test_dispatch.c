@@ -642,6 +642,58 @@ static void test_explain(void)
     sdpa_context_destroy(ctx);
 }
 
+/* The same for bf16 inputs, whose chain starts with the bf16-product
+ * kernels: each level's first kernel runs and is within its tolerance. */
+static void max_isa_bf16(const sdpa_platform *host)
+{
+    static const struct {
+        const char *level;
+        const char *expect_first;
+        unsigned needs;
+        int product_bits;
+    } caps[] = {{"amx", "cpu.avx512bf16", SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16, 8},
+                {"avx512bf16", "cpu.avx512bf16", SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16, 8},
+                {"avx512", "cpu.avx512", SDPA_CPU_AVX512F, 0},
+                {"avx2", "cpu.avx2", SDPA_CPU_AVX2, 0},
+                {"portable", "cpu.portable", 0, 0}};
+    for (size_t i = 0; i < sizeof caps / sizeof *caps; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "SDPA_MAX_ISA=%s, bf16", caps[i].level);
+        if ((host->cpu_features & caps[i].needs) != caps[i].needs ||
+            (strcmp(caps[i].level, "amx") == 0 && (host->cpu_features & SDPA_CPU_AMX_BF16))) {
+            tl_skip(what, "this CPU lacks the ISA (or has AMX, whose kernel comes first)");
+            continue;
+        }
+        setenv("SDPA_MAX_ISA", caps[i].level, 1);
+        sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+        o.threads = 2;
+        o.log_level = SDPA_LOG_WARN;
+        sdpa_context *ctx;
+        sdpa_status st = sdpa_context_create(&o, &ctx);
+        CHECK_STATUS(st, SDPA_OK);
+        if (st != SDPA_OK)
+            continue;
+        tl_case c = {1, 70, 45, 4, 2, 32, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+        tl_problem p;
+        tl_output got, want;
+        tl_problem_make(&p, &c);
+        tl_output_make(&got, &p);
+        tl_output_make(&want, &p);
+        sdpa_params prm = SDPA_PARAMS_DEFAULT;
+        CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &got.t, got.lse, &prm), SDPA_OK);
+        CHECK(strcmp(sdpa_last_backend(), caps[i].expect_first) == 0, "%s ran %s, expected %s",
+              what, sdpa_last_backend(), caps[i].expect_first);
+        prm.backend = "ref";
+        CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm), SDPA_OK);
+        const double tol =
+            tl_tolerance(SDPA_BF16, SDPA_F32) + tl_product_tolerance(caps[i].product_bits);
+        CHECK(tl_max_diff(&got, &want, NULL) <= tol, "%s: off by %g", what,
+              tl_max_diff(&got, &want, NULL));
+        tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
+        sdpa_context_destroy(ctx);
+    }
+}
+
 /* SDPA_MAX_ISA caps the CPU kernels; every fallback this CPU allows runs. */
 static void test_max_isa(void)
 {
@@ -691,6 +743,7 @@ static void test_max_isa(void)
         teardown(&r);
         sdpa_context_destroy(ctx);
     }
+    max_isa_bf16(&host);
     setenv("SDPA_MAX_ISA", "sse9", 1);
     sdpa_context *ctx;
     sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
