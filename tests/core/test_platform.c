@@ -186,22 +186,12 @@ static void refusal_falls_back(void)
           "explain does not say why cpu.amx was passed over:\n%s", text ? text : "");
     sdpa_free(text);
 
-    tl_problem p;
-    tl_output got, want;
-    tl_problem_make(&p, &c);
-    tl_output_make(&got, &p);
-    tl_output_make(&want, &p);
-    sdpa_params prm = SDPA_PARAMS_DEFAULT;
-    CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &got.t, got.lse, &prm), SDPA_OK);
-    CHECK(strcmp(sdpa_last_backend(), "cpu.avx512bf16") == 0, "ran %s", sdpa_last_backend());
-    prm.backend = "ref";
-    CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm), SDPA_OK);
-    double diff = tl_max_diff(&got, &want, NULL);
+    double diff;
+    char ran[64];
+    CHECK_STATUS(tl_run_against_ref(ctx, NULL, &c, &diff, ran, sizeof ran), SDPA_OK);
+    CHECK(strcmp(ran, "cpu.avx512bf16") == 0, "ran %s", ran);
     CHECK(diff <= tl_tolerance(SDPA_BF16, SDPA_F32) + tl_product_tolerance(8),
-          "fallback result off by %g", diff);
-    char why[128];
-    CHECK(tl_output_check(&got, why, sizeof why), "%s", why);
-    tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
+          "fallback result off by %g (infinite: guard bytes touched)", diff);
     sdpa_context_destroy(ctx);
 }
 

@@ -642,6 +642,18 @@ static void test_explain(void)
     sdpa_context_destroy(ctx);
 }
 
+/* A context on this machine with SDPA_MAX_ISA=level (left set). */
+static sdpa_context *capped_context(const char *level)
+{
+    setenv("SDPA_MAX_ISA", level, 1);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = 2;
+    o.log_level = SDPA_LOG_WARN;
+    sdpa_context *ctx = NULL;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_OK);
+    return ctx;
+}
+
 /* The same for bf16 inputs, whose chain starts with the bf16-product
  * kernels: each level's first kernel runs and is within its tolerance. */
 static void max_isa_bf16(const sdpa_platform *host)
@@ -664,32 +676,18 @@ static void max_isa_bf16(const sdpa_platform *host)
             tl_skip(what, "this CPU lacks the ISA (or has AMX, whose kernel comes first)");
             continue;
         }
-        setenv("SDPA_MAX_ISA", caps[i].level, 1);
-        sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
-        o.threads = 2;
-        o.log_level = SDPA_LOG_WARN;
-        sdpa_context *ctx;
-        sdpa_status st = sdpa_context_create(&o, &ctx);
-        CHECK_STATUS(st, SDPA_OK);
-        if (st != SDPA_OK)
+        sdpa_context *ctx = capped_context(caps[i].level);
+        if (!ctx)
             continue;
         tl_case c = {1, 70, 45, 4, 2, 32, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
-        tl_problem p;
-        tl_output got, want;
-        tl_problem_make(&p, &c);
-        tl_output_make(&got, &p);
-        tl_output_make(&want, &p);
-        sdpa_params prm = SDPA_PARAMS_DEFAULT;
-        CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &got.t, got.lse, &prm), SDPA_OK);
-        CHECK(strcmp(sdpa_last_backend(), caps[i].expect_first) == 0, "%s ran %s, expected %s",
-              what, sdpa_last_backend(), caps[i].expect_first);
-        prm.backend = "ref";
-        CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm), SDPA_OK);
-        const double tol =
-            tl_tolerance(SDPA_BF16, SDPA_F32) + tl_product_tolerance(caps[i].product_bits);
-        CHECK(tl_max_diff(&got, &want, NULL) <= tol, "%s: off by %g", what,
-              tl_max_diff(&got, &want, NULL));
-        tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
+        double diff;
+        char ran[64];
+        CHECK_STATUS(tl_run_against_ref(ctx, NULL, &c, &diff, ran, sizeof ran), SDPA_OK);
+        CHECK(strcmp(ran, caps[i].expect_first) == 0, "%s ran %s, expected %s", what, ran,
+              caps[i].expect_first);
+        CHECK(diff <= tl_tolerance(SDPA_BF16, SDPA_F32) +
+                          tl_product_tolerance(caps[i].product_bits),
+              "%s: off by %g", what, diff);
         sdpa_context_destroy(ctx);
     }
 }
@@ -714,15 +712,10 @@ static void test_max_isa(void)
             tl_skip(what, "this CPU lacks the ISA");
             continue;
         }
-        setenv("SDPA_MAX_ISA", caps[i].level, 1);
-        sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
-        o.threads = 2;
-        o.log_level = SDPA_LOG_WARN;
-        sdpa_context *ctx;
-        sdpa_status st = sdpa_context_create(&o, &ctx);
-        CHECK_STATUS(st, SDPA_OK);
-        if (st != SDPA_OK)
+        sdpa_context *ctx = capped_context(caps[i].level);
+        if (!ctx)
             continue;
+        sdpa_status st;
         sdpa_call_desc d = cpu_call();
         decide(ctx, &d);
         FIRST(caps[i].expect_first);

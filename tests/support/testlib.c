@@ -300,6 +300,37 @@ void tl_log_reset(void)
     pthread_mutex_unlock(&log_lock);
 }
 
+sdpa_status tl_run_against_ref(sdpa_context *ctx, const char *backend, const tl_case *c,
+                               double *diff, char *ran, size_t n)
+{
+    tl_problem p;
+    tl_output got, want;
+    *diff = INFINITY;
+    if (n)
+        ran[0] = '\0';
+    if (!tl_problem_make(&p, c))
+        return SDPA_OUT_OF_MEMORY;
+    if (!tl_output_make(&got, &p) || !tl_output_make(&want, &p)) {
+        tl_problem_free(&p);
+        return SDPA_OUT_OF_MEMORY;
+    }
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = backend;
+    prm.causal = c->causal;
+    sdpa_status st = sdpa_forward(ctx, &p.q, &p.k, &p.v, &got.t, got.lse, &prm);
+    if (st == SDPA_OK) {
+        snprintf(ran, n, "%s", sdpa_last_backend());
+        prm.backend = "ref";
+        st = sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm);
+        char why[128];
+        if (st == SDPA_OK)
+            *diff = tl_output_check(&got, why, sizeof why) ? tl_max_diff(&got, &want, NULL)
+                                                           : INFINITY;
+    }
+    tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
+    return st;
+}
+
 sdpa_context *tl_context(const char *platform)
 {
     sdpa_platform plat;

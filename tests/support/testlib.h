@@ -99,6 +99,15 @@ double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where);
 double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_t Hq,
                        int64_t Sq);
 
+/*
+ * Runs case c on ctx with the dispatcher's choice (backend NULL) or the
+ * named backend, then on ref over the same inputs: returns the status,
+ * *diff = max |out - ref| (infinite when guard bytes or gaps were touched)
+ * and the name of the backend that ran in ran[n].
+ */
+sdpa_status tl_run_against_ref(sdpa_context *ctx, const char *backend, const tl_case *c,
+                               double *diff, char *ran, size_t n);
+
 /* A context with the given platform spec (NULL = this machine), 2 threads,
  * env ignored, logs captured into tl_log_* counters. */
 sdpa_context *tl_context(const char *platform);
