@@ -93,6 +93,10 @@ typedef void (*sdpa_task_fn)(void *arg, int64_t task, int worker);
 
 sdpa_status sdpa__pool_create(int threads, sdpa_pool **out);
 void sdpa__pool_destroy(sdpa_pool *pool);
+/* The process-wide pool of this width, created on first use and shared by
+ * reference count; release with sdpa__pool_release (the last one stops it). */
+sdpa_status sdpa__pool_acquire(int threads, sdpa_pool **out);
+void sdpa__pool_release(sdpa_pool *pool);
 int sdpa__pool_threads(const sdpa_pool *pool);
 /*
  * Runs fn(arg, t, worker) for t in [0, n_tasks), tasks handed out one at a

@@ -1,5 +1,6 @@
 /*
- * pool.c - a fixed set of worker threads for one context.
+ * pool.c - a fixed set of worker threads, shared by the contexts of a
+ * process that ask for the same width (or private to one context).
  *
  * Kernels split a call into independent tasks (batch x head x query block)
  * and hand them out through one atomic counter, so a thread that drew cheap
@@ -10,6 +11,9 @@
  * Several application threads may call into one context at once; their
  * parallel regions take turns on the pool (`submit`), which keeps each
  * region at full width rather than splitting the cores between them.
+ * Contexts that ask for it (share_pool) take turns the same way on one
+ * process-wide pool of their width (sdpa__pool_acquire), so many contexts
+ * keep one set of threads; bench/contexts.c compares the two arrangements.
  */
 #include "core.h"
 
@@ -144,4 +148,54 @@ void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *ar
         pthread_cond_wait(&p->done, &p->m);
     pthread_mutex_unlock(&p->m);
     pthread_mutex_unlock(&p->submit);
+}
+
+/* ---- process-wide pools, one per width, reference counted */
+
+#define SHARED_POOLS 8
+
+static struct {
+    sdpa_pool *pool;
+    int refs;
+} shared[SHARED_POOLS];
+static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
+
+sdpa_status sdpa__pool_acquire(int threads, sdpa_pool **out)
+{
+    sdpa_status st = SDPA_OK;
+    *out = NULL;
+    pthread_mutex_lock(&shared_lock);
+    int slot = -1;
+    for (int i = 0; i < SHARED_POOLS && !*out; i++) {
+        if (shared[i].pool && shared[i].pool->threads == threads)
+            *out = shared[i].pool, shared[i].refs++;
+        else if (!shared[i].pool && slot < 0)
+            slot = i;
+    }
+    if (!*out && slot >= 0) {
+        st = sdpa__pool_create(threads, &shared[slot].pool);
+        if (st == SDPA_OK)
+            *out = shared[slot].pool, shared[slot].refs = 1;
+    }
+    pthread_mutex_unlock(&shared_lock);
+    if (!*out && st == SDPA_OK) /* every slot holds another width: a pool of its own */
+        st = sdpa__pool_create(threads, out);
+    return st;
+}
+
+void sdpa__pool_release(sdpa_pool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&shared_lock);
+    for (int i = 0; i < SHARED_POOLS; i++)
+        if (shared[i].pool == pool) {
+            if (--shared[i].refs == 0)
+                shared[i].pool = NULL;
+            else
+                pool = NULL; /* still in use */
+            break;
+        }
+    pthread_mutex_unlock(&shared_lock);
+    sdpa__pool_destroy(pool); /* the last reference, or a pool outside the table */
 }

@@ -119,7 +119,8 @@ sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out)
     sdpa_status st = SDPA_OK;
     pthread_mutex_lock(&ctx->pool_lock);
     if (!ctx->pool)
-        st = sdpa__pool_create(ctx->threads, &ctx->pool);
+        st = ctx->share_pool ? sdpa__pool_acquire(ctx->threads, &ctx->pool)
+                             : sdpa__pool_create(ctx->threads, &ctx->pool);
     *out = ctx->pool;
     pthread_mutex_unlock(&ctx->pool_lock);
     return st;
@@ -386,6 +387,7 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     ctx->platform = o->platform ? *o->platform : ctx->host;
     ctx->threads = o->threads ? o->threads : ctx->host.cpu_cores;
     ctx->foreign_policy = o->foreign_policy != 0;
+    ctx->share_pool = o->share_pool != 0;
 
     sdpa_status st = SDPA_OK;
     for (int i = 0; sdpa__builtin_backends[i] && st == SDPA_OK; i++)
@@ -423,7 +425,10 @@ void sdpa_context_destroy(sdpa_context *ctx)
 {
     if (!ctx)
         return;
-    sdpa__pool_destroy(ctx->pool);
+    if (ctx->share_pool)
+        sdpa__pool_release(ctx->pool);
+    else
+        sdpa__pool_destroy(ctx->pool);
     for (int i = 0; i < ctx->n_policies; i++)
         sdpa__policy_free(ctx->policies[i]);
     pthread_mutex_destroy(&ctx->pool_lock);

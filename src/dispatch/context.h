@@ -23,6 +23,7 @@ struct sdpa_context {
 
     pthread_mutex_t pool_lock; /* the pool starts on the first parallel run */
     sdpa_pool *pool;
+    int share_pool;            /* 1: the process-wide pool of its width; 0: its own */
 
     int n_backends;
     const sdpa_backend *backends[SDPA_MAX_BACKENDS];

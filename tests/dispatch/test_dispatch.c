@@ -6,9 +6,12 @@
  * component overrides; the default CUDA rules on simulated sm_100, sm_90,
  * sm_120 and cuDNN 9.10; NVFP4 and its explicit-choice exception; LSE
  * forcing; the latch (one warning, correct result in the same call);
- * OUT_OF_MEMORY / DEVICE_ERROR pass-through; concurrent calls on a layer.
+ * OUT_OF_MEMORY / DEVICE_ERROR pass-through; concurrent calls on a layer;
+ * warm-up; contexts sharing one worker pool from several threads;
+ * SDPA_MAX_ISA at every level this CPU allows, for f32 and bf16.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "dispatch/context.h"
 #include "support/scripted.h"
 #include "support/testlib.h"
 
@@ -642,6 +645,58 @@ static void test_explain(void)
     sdpa_context_destroy(ctx);
 }
 
+/* Contexts that ask share one pool per width, from several threads at once. */
+typedef struct pool_arg {
+    sdpa_context *ctx;
+    int ok;
+} pool_arg;
+
+static void *pool_thread(void *raw)
+{
+    pool_arg *a = raw;
+    tl_case c = {1, 90, 70, 4, 2, 64, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+    a->ok = 1;
+    for (int i = 0; i < 4; i++) {
+        double diff;
+        char ran[64];
+        a->ok &= tl_run_against_ref(a->ctx, "cpu.portable", &c, &diff, ran, sizeof ran) ==
+                     SDPA_OK &&
+                 diff < 2e-5;
+    }
+    return NULL;
+}
+
+static void test_shared_pool(void)
+{
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = 2, o.ignore_env = 1, o.share_pool = 1;
+    sdpa_context *a, *b, *c, *own;
+    CHECK_STATUS(sdpa_context_create(&o, &a), SDPA_OK);
+    CHECK_STATUS(sdpa_context_create(&o, &b), SDPA_OK);
+    o.threads = 3;
+    CHECK_STATUS(sdpa_context_create(&o, &c), SDPA_OK);
+    o.threads = 2, o.share_pool = 0;
+    CHECK_STATUS(sdpa_context_create(&o, &own), SDPA_OK);
+    sdpa_pool *pa, *pb, *pc, *pown;
+    sdpa__ctx_pool(a, &pa), sdpa__ctx_pool(b, &pb), sdpa__ctx_pool(c, &pc);
+    sdpa__ctx_pool(own, &pown);
+    CHECK(pa == pb && pa != pc && pa != pown, "pools: %p %p (3 wide: %p, own: %p)", (void *)pa,
+          (void *)pb, (void *)pc, (void *)pown);
+    pool_arg args[4] = {{a, 0}, {b, 0}, {c, 0}, {own, 0}};
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, pool_thread, &args[i]);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(args[i].ok, "context %d: wrong result on a shared pool", i);
+    }
+    sdpa_context_destroy(a); /* b still holds the pool */
+    pool_arg again = {b, 0};
+    pool_thread(&again);
+    CHECK(again.ok, "the shared pool stopped with the first context");
+    sdpa_context_destroy(b), sdpa_context_destroy(c), sdpa_context_destroy(own);
+}
+
 /* A context on this machine with SDPA_MAX_ISA=level (left set). */
 static sdpa_context *capped_context(const char *level)
 {
@@ -763,6 +818,7 @@ int main(void)
     test_lse_forcing();
     test_latch();
     test_warmup();
+    test_shared_pool();
     test_concurrency();
     test_wrong_result_detected();
     test_explain();

@@ -4,6 +4,7 @@
 #include "core/half.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,12 @@ int tl_finish(void)
     return tl_failed ? 1 : 0;
 }
 
-static uint64_t rng, seed;
+/* The seed is process-wide; each thread draws its own stream from it (the
+ * main thread's is the seed itself), so tests may make inputs on several
+ * threads and a run still repeats from its printed seed. */
+static uint64_t seed;
+static _Thread_local uint64_t rng;
+static _Atomic uint64_t streams;
 
 void tl_seed_from_env(void)
 {
@@ -42,8 +48,10 @@ uint64_t tl_seed(void) { return seed; }
 
 double tl_uniform(void)
 {
-    if (!rng)
+    if (!seed)
         tl_seed_from_env();
+    if (!rng) /* a thread's first draw: stream k of the seed */
+        rng = seed ^ (0x9e3779b97f4a7c15ull * (atomic_fetch_add(&streams, 1) + 1));
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (double)(rng >> 11) * (2.0 / 9007199254740992.0) - 1.0;
 }
