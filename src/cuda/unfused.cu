@@ -24,6 +24,8 @@ extern const sdpa_cuda_host *sdpa_cuda__host;
 sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c);
 }
 
+#include "store_elem.cuh"
+
 static __device__ float load_elem(const void *p, int dtype, int64_t i)
 {
     if (dtype == SDPA_F32)
@@ -34,15 +36,6 @@ static __device__ float load_elem(const void *p, int dtype, int64_t i)
     return __half2float(__ushort_as_half(h));
 }
 
-static __device__ void store_elem(void *p, int dtype, int64_t i, float v)
-{
-    if (dtype == SDPA_F32)
-        ((float *)p)[i] = v;
-    else if (dtype == SDPA_BF16)
-        ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-    else
-        ((__half *)p)[i] = __float2half_rn(v);
-}
 
 /* dst[j][d] = src(b, j, hk, d) widened to fp32, contiguous [Skv][D]. */
 static __global__ void widen_rows(const void *src, int dtype, int64_t base, int64_t s_stride,

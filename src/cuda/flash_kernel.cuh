@@ -1,0 +1,272 @@
+/*
+ * flash_kernel.cuh - cuda.flash's device code (see flash.cu for the design),
+ * kept apart from the launch code so that it compiles two ways: by nvcc
+ * for the GPU, and as host C++ under tests/cuda/simt_emulator.h, which
+ * runs each block's 128 threads as coroutines and implements mma.sync,
+ * __shfl_xor_sync and __syncthreads as the PTX manual defines them. The
+ * emulator defines FLASH_EMULATED, mma_16816 and FLASH_SHARED_MEMORY
+ * before including this file.
+ */
+#ifndef SDPA_FLASH_KERNEL_CUH
+#define SDPA_FLASH_KERNEL_CUH
+
+#ifndef FLASH_EMULATED
+#define FLASH_SHARED_MEMORY(name) extern __shared__ __align__(16) uint16_t name[]
+#endif
+
+#include "store_elem.cuh"
+
+#define FLASH_WARPS 4
+#define FLASH_THREADS (32 * FLASH_WARPS)
+#define BM (16 * FLASH_WARPS) /* query rows per block */
+#define BN 64                 /* keys per step */
+#define PAD 8                 /* elements added to every shared-memory row */
+#define LN2 0.69314718055994531f
+
+typedef struct flash_args {
+    const uint16_t *q, *k, *v;
+    void *o;
+    float *lse;
+    int64_t qs[4], ks[4], vs[4], os[4]; /* element strides of b, s, h, d */
+    int64_t Sq, Skv, Hq, Hkv, D;
+    int out_dtype;
+    int causal;
+    int64_t offset; /* causal: key j is visible to query i when j <= i + offset */
+    int vec;        /* 1: 16-byte loads are safe for q, k, v */
+    float scale_log2;
+} flash_args;
+
+/* c += a b for one 16 x 8 x 16 step; a: 4 registers, b: 2. */
+#ifndef FLASH_EMULATED
+template <int BF16>
+static __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                                 uint32_t b1)
+{
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+/* Two floats as one register of two 16-bit values, lo in the low half. */
+template <int BF16>
+static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    uint32_t r;
+    if (BF16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        memcpy(&r, &v, 4);
+    }
+    return r;
+}
+
+static __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
+{
+    return *(const uint32_t *)p;
+}
+
+/*
+ * rows x HD elements of a [S][D] slice (row stride rs, element stride es)
+ * into shared memory, zero past `limit` rows and past D columns. With
+ * transpose, element (r, d) goes to dst[d][r] (row length ld).
+ */
+template <int HD>
+static __device__ void load_tile(const uint16_t *src, int64_t rs, int64_t es, int64_t row0,
+                                 int64_t limit, int64_t D, int vec, uint16_t *dst, int ld,
+                                 int rows, int transpose)
+{
+    if (vec) { /* es == 1, D % 8 == 0, rows 16-byte aligned */
+        for (int e = threadIdx.x; e < rows * HD / 8; e += FLASH_THREADS) {
+            const int r = e / (HD / 8), d = e % (HD / 8) * 8;
+            uint4 x = make_uint4(0, 0, 0, 0);
+            if (row0 + r < limit && d < D)
+                x = *(const uint4 *)(src + (row0 + r) * rs + d);
+            const uint16_t *xs = (const uint16_t *)&x;
+            if (!transpose) {
+                *(uint4 *)(dst + r * ld + d) = x;
+            } else {
+                for (int u = 0; u < 8; u++)
+                    dst[(d + u) * ld + r] = xs[u];
+            }
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < rows * HD; e += FLASH_THREADS) {
+        const int r = e / HD, d = e % HD;
+        uint16_t x = 0;
+        if (row0 + r < limit && d < D)
+            x = src[(row0 + r) * rs + d * es];
+        dst[transpose ? d * ld + r : r * ld + d] = x;
+    }
+}
+
+template <int BF16, int HD>
+static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_args a)
+{
+    FLASH_SHARED_MEMORY(smem);
+    const int LDQ = HD + PAD, LDV = BN + PAD;
+    uint16_t *Qs = smem;             /* [BM][LDQ] */
+    uint16_t *Ks = Qs + BM * LDQ;    /* [BN][LDQ] */
+    uint16_t *Vt = Ks + BN * LDQ;    /* [HD][LDV] */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int64_t m0 = (int64_t)blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+    const int64_t hk = h / (a.Hq / a.Hkv);
+    const uint16_t *q = a.q + b * a.qs[0] + h * a.qs[2];
+    const uint16_t *k = a.k + b * a.ks[0] + hk * a.ks[2];
+    const uint16_t *v = a.v + b * a.vs[0] + hk * a.vs[2];
+
+    load_tile<HD>(q, a.qs[1], a.qs[3], m0, a.Sq, a.D, a.vec, Qs, LDQ, BM, 0);
+    __syncthreads();
+    const int r0 = warp * 16 + g; /* this lane's rows: r0 and r0 + 8 of the block */
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+        const uint16_t *p = Qs + r0 * LDQ + ks * 16 + 2 * t;
+        qf[ks][0] = ld32(p), qf[ks][1] = ld32(p + 8 * LDQ);
+        qf[ks][2] = ld32(p + 8), qf[ks][3] = ld32(p + 8 * LDQ + 8);
+    }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int64_t row[2] = {m0 + r0, m0 + r0 + 8};
+
+    int64_t kv_end = a.Skv; /* keys at or past kv_end are masked for the whole block */
+    if (a.causal) {
+        const int64_t last = m0 + BM - 1 + a.offset;
+        kv_end = last < 0 ? 0 : (last + 1 < a.Skv ? last + 1 : a.Skv);
+    }
+    for (int64_t j0 = 0; j0 < kv_end; j0 += BN) {
+        __syncthreads(); /* the previous step's reads of Ks and Vt are done */
+        load_tile<HD>(k, a.ks[1], a.ks[3], j0, a.Skv, a.D, a.vec, Ks, LDQ, BN, 0);
+        load_tile<HD>(v, a.vs[1], a.vs[3], j0, a.Skv, a.D, a.vec, Vt, LDV, BN, 1);
+        __syncthreads();
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++) {
+                const uint16_t *p = Ks + (nt * 8 + g) * LDQ + ks * 16 + 2 * t;
+                mma_16816<BF16>(s[nt], qf[ks], ld32(p), ld32(p + 8));
+            }
+
+        /* scale into log2 units, mask, and the online softmax per row */
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = m[hr];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int64_t j = j0 + nt * 8 + 2 * t + c;
+                    float x = s[nt][2 * hr + c] * a.scale_log2;
+                    if (j >= a.Skv || (a.causal && j > row[hr] + a.offset))
+                        x = -INFINITY;
+                    s[nt][2 * hr + c] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            /* a row that has seen no key keeps m = -inf; 0 keeps exp2 finite */
+            const float mu = mx == -INFINITY ? 0.0f : mx;
+            const float alpha = exp2f(m[hr] - mu);
+            m[hr] = mx;
+            l[hr] *= alpha;
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++)
+                o[dt][2 * hr] *= alpha, o[dt][2 * hr + 1] *= alpha;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float p = exp2f(s[nt][2 * hr + c] - mu);
+                    l[hr] += p;
+                    s[nt][2 * hr + c] = p;
+                }
+        }
+
+        /* O += P V: S's accumulators of key tiles 2kk, 2kk + 1 are P's A fragment */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            const uint32_t pa[4] = {pack2<BF16>(s[2 * kk][0], s[2 * kk][1]),
+                                    pack2<BF16>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt++) {
+                const uint16_t *p = Vt + (dt * 8 + g) * LDV + kk * 16 + 2 * t;
+                mma_16816<BF16>(o[dt], pa, ld32(p), ld32(p + 8));
+            }
+        }
+    }
+
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float sum = l[hr];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int64_t i = row[hr];
+        if (i >= a.Sq)
+            continue;
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f; /* no key seen: zeros */
+        const int64_t base = b * a.os[0] + i * a.os[1] + h * a.os[2];
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int64_t d = dt * 8 + 2 * t + c;
+                if (d < a.D)
+                    store_elem(a.o, a.out_dtype, base + d * a.os[3], o[dt][2 * hr + c] * inv);
+            }
+        if (a.lse && t == 0)
+            a.lse[(b * a.Hq + h) * a.Sq + i] = sum > 0.0f ? m[hr] * LN2 + logf(sum) : -INFINITY;
+    }
+}
+
+/* The kernel's arguments for a validated call (host code, no CUDA calls). */
+static void flash_args_make(const sdpa_call *c, flash_args *a)
+{
+    const sdpa_call_desc *d = &c->desc;
+    const sdpa_tensor *t[4] = {c->q, c->k, c->v, c->out};
+    int64_t *strides[4] = {a->qs, a->ks, a->vs, a->os};
+    memset(a, 0, sizeof *a);
+    a->vec = 1;
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++)
+            strides[i][j] = t[i]->stride[j];
+        if (i < 3) /* 16-byte loads: unit D stride, rows on 8-element boundaries */
+            a->vec &= t[i]->stride[3] == 1 && d->D % 8 == 0 && t[i]->stride[0] % 8 == 0 &&
+                      t[i]->stride[1] % 8 == 0 && t[i]->stride[2] % 8 == 0 &&
+                      (uintptr_t)t[i]->data % 16 == 0;
+    }
+    a->q = (const uint16_t *)c->q->data, a->k = (const uint16_t *)c->k->data;
+    a->v = (const uint16_t *)c->v->data, a->o = c->out->data, a->lse = c->lse;
+    a->Sq = d->Sq, a->Skv = d->Skv, a->Hq = d->Hq, a->Hkv = d->Hkv, a->D = d->D;
+    a->out_dtype = (int)c->out->dtype;
+    a->causal = c->causal != SDPA_CAUSAL_NONE;
+    a->offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    a->scale_log2 = (float)(c->scale * 1.4426950408889634);
+}
+
+/* Dynamic shared memory of one block. */
+static size_t flash_smem_bytes(int hd)
+{
+    return sizeof(uint16_t) * (size_t)((BM + BN) * (hd + PAD) + hd * (BN + PAD));
+}
+
+#endif
