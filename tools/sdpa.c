@@ -366,11 +366,13 @@ static int cmd_info(int argc, char **argv)
                 snprintf(dt + len, sizeof dt - len, "%s%s", len ? "," : "",
                          sdpa_dtype_name((sdpa_dtype)t));
             }
+        char step[24] = "";
+        if (b.head_dim_multiple > 1)
+            snprintf(step, sizeof step, " step %d", b.head_dim_multiple);
         printf("  %-14s %-8s %-6s %-13s D %d..%d%s%s%s  %s\n", b.name, b.version,
                b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", dt, b.head_dim_min,
-               b.head_dim_max, b.head_dim_multiple > 1 ? " step " : "",
-               b.head_dim_multiple > 1 ? "8" : "", b.lse ? " lse" : "",
-               b.present ? "present" : b.why_absent);
+               b.head_dim_max, step, b.lse ? " lse" : "",
+               b.product_bits == 8 ? " P in bf16" : "", b.present ? "present" : b.why_absent);
     }
     sdpa_context_destroy(ctx);
     return 0;
