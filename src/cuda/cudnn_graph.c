@@ -311,3 +311,22 @@ cudnnStatus_t sdpa_cudnn_engine_configs(sdpa_cudnn_graph *g, cudnnBackendDescrip
     }
     return st;
 }
+
+sdpa_status sdpa_cudnn_status_map(int code, int executing, const char *detail)
+{
+    if (code >= 3005 && code <= 3009)
+        return SDPA_NOT_AVAILABLE; /* driver, runtime, arch or library missing */
+    if (code >= 3000 && code < 4000)
+        return SDPA_UNSUPPORTED;
+    if (code >= 1000 && code < 2000)
+        return SDPA_NOT_AVAILABLE;
+    if (code == 4003 || code == 4004)
+        return SDPA_OUT_OF_MEMORY;
+    if (code >= 2000 && code < 3000)
+        return SDPA_INTERNAL;
+    if (executing)
+        return SDPA_DEVICE_ERROR;
+    if (code >= 5000 && code < 6000 && detail && strstr(detail, "returned error (2)"))
+        return SDPA_OUT_OF_MEMORY; /* cuLibraryLoadData: CUDA_ERROR_OUT_OF_MEMORY */
+    return SDPA_UNSUPPORTED; /* compilation or internal failure while building */
+}

@@ -7,6 +7,8 @@
 #ifndef SDPA_CUDNN_GRAPH_H
 #define SDPA_CUDNN_GRAPH_H
 
+#include "sdpa.h"
+
 #include <cudnn.h>
 #include <stdint.h>
 
@@ -59,6 +61,18 @@ cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDe
                                     cudnnBackendDescriptor_t *plan, int64_t *workspace);
 
 /* A DEVICEPROP descriptor from a JSON description (for machines without the GPU). */
+/*
+ * What a cuDNN status means for the dispatcher (shared/notes/cudnn-backend-
+ * sdpa.md, section 6): environment missing -> NOT_AVAILABLE; this shape or
+ * configuration unsupported -> UNSUPPORTED (the layer latches); host or
+ * device allocation -> OUT_OF_MEMORY; BAD_PARAM -> INTERNAL (our bug);
+ * failures while executing -> DEVICE_ERROR. While building (executing = 0),
+ * compilation and internal failures mean "not this configuration", except
+ * an execution-category failure whose detail (cudnnGetLastErrorString)
+ * carries CUDA error 2, a driver out-of-memory hidden in module loading.
+ */
+sdpa_status sdpa_cudnn_status_map(int code, int executing, const char *detail);
+
 cudnnStatus_t sdpa_cudnn_devprop_json(const char *json, cudnnBackendDescriptor_t *out);
 
 /* BSHD strides for a [b, s, h, d] buffer, in the graph's [b, h, s, d] order. */

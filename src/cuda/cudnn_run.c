@@ -61,25 +61,11 @@ static _Thread_local size_t workspace_size;
 static sdpa_status fail_cudnn(cudnnStatus_t st, int executing, const char *what)
 {
     const int code = (int)st;
-    sdpa_status s;
-    if (code >= 3005 && code <= 3009)
-        s = SDPA_NOT_AVAILABLE; /* driver, runtime, arch or library missing */
-    else if (code >= 3000 && code < 4000)
-        s = SDPA_UNSUPPORTED;
-    else if (code >= 1000 && code < 2000)
-        s = SDPA_NOT_AVAILABLE;
-    else if (code == 4003 || code == 4004)
-        s = SDPA_OUT_OF_MEMORY;
-    else if (code >= 2000 && code < 3000)
-        s = SDPA_INTERNAL;
-    else if (executing)
-        s = SDPA_DEVICE_ERROR;
-    else
-        s = SDPA_UNSUPPORTED; /* compilation or internal failure while building */
     char detail[256] = "";
     cudnnGetLastErrorString(detail, sizeof detail);
-    return sdpa_cuda__host->fail(s, "cuda.cudnn: %s: %s (%d)%s%.200s", what,
-                                 cudnnGetErrorString(st), code, detail[0] ? ": " : "", detail);
+    return sdpa_cuda__host->fail(sdpa_cudnn_status_map(code, executing, detail),
+                                 "cuda.cudnn: %s: %s (%d)%s%.200s", what, cudnnGetErrorString(st),
+                                 code, detail[0] ? ": " : "", detail);
 }
 
 /* [B, S, H, D] strides -> the graph's [b, h, s, d] order. */

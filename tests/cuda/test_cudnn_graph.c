@@ -129,9 +129,55 @@ static int configs_for(const sdpa_cudnn_problem *p, int sm, cudnnBackendDescript
     return n;
 }
 
+/* The status table of shared/notes/cudnn-backend-sdpa.md, section 6, code
+ * by code, as the dispatcher must see it (latch, process-wide, pass through). */
+static void status_mapping(void)
+{
+    static const struct {
+        int code, executing;
+        const char *detail;
+        sdpa_status want;
+    } rows[] = {
+        {CUDNN_STATUS_NOT_INITIALIZED, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED, 1, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_LICENSE_ERROR, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_BAD_PARAM, 0, "", SDPA_INTERNAL},
+        {CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, 1, "", SDPA_INTERNAL},
+        {CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH, 0, "", SDPA_INTERNAL},
+        {CUDNN_STATUS_NOT_SUPPORTED, 0, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN, 0, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_NOT_SUPPORTED_SHAPE, 1, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, 0, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE, 0, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE, 0, "", SDPA_NOT_AVAILABLE},
+        {CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, 0, "", SDPA_OUT_OF_MEMORY},
+        {CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, 1, "", SDPA_OUT_OF_MEMORY},
+        {CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, 0, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_INTERNAL_ERROR, 0, "", SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_INTERNAL_ERROR, 1, "", SDPA_DEVICE_ERROR},
+        {CUDNN_STATUS_EXECUTION_FAILED, 1, "", SDPA_DEVICE_ERROR},
+        {CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER, 1, "", SDPA_DEVICE_ERROR},
+        {CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER, 0, "cuLibraryLoadData returned error (34)",
+         SDPA_UNSUPPORTED},
+        {CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER, 0, "cuLibraryLoadData returned error (2)",
+         SDPA_OUT_OF_MEMORY},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        sdpa_status got = sdpa_cudnn_status_map(rows[i].code, rows[i].executing, rows[i].detail);
+        CHECK(got == rows[i].want, "cuDNN status %d (%s) mapped to %s, expected %s", rows[i].code,
+              rows[i].executing ? "executing" : "building", sdpa_status_string(got),
+              sdpa_status_string(rows[i].want));
+    }
+}
+
 int main(int argc, char **argv)
 {
     printf("cuDNN %zu (cudart %zu)\n", cudnnGetVersion(), cudnnGetCudartVersion());
+    status_mapping();
     if (argc < 2) {
         printf("usage: test_cudnn_graph SHAPES_DIR\n");
         return 2;
