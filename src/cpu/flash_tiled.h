@@ -168,7 +168,8 @@ static void load_kv_pairs(const sdpa_call *c, const workspace *w, const flash_ta
     uint16_t *kb = (uint16_t *)w->k, *lo = (uint16_t *)w->row, *hi = lo + D;
     uint32_t *vp = (uint32_t *)w->v;
     for (int j = 0; j < bk; j++) {
-        kb[(ptrdiff_t)j * Dp + D] = 0;
+        if (Dp > D)
+            kb[(ptrdiff_t)j * Dp + D] = 0; /* the pad of an odd D */
         sdpa__load_row_bf16(sdpa__elem(k, sdpa__offset(k, tk->b, j0 + j, tk->hk, 0)), k->dtype,
                             k->stride[3], D, kb + (ptrdiff_t)j * Dp);
     }
