@@ -3,7 +3,8 @@
 # in one run that must finish within 8 minutes on an H200:
 #   1. build (with the CUDA plugin) and run the whole CTest suite
 #   2. `sdpa info`: the plugin's view of the device
-#   3. the backend grid for every cuda.* backend that is present (against ref)
+#   3. the backend grid for every cuda.* backend that is present (against ref),
+#      once per cuda.flash kernel variant (SDPA_CUDA_FLASH_VARIANT=0, 1)
 #   4. build-gpu/cuda_bench on diffusion-gpu.tsv rows that fit: every cuda.*
 #      backend side by side, against the cuBLAS bf16 GEMM ceiling, outputs
 #      checked against cuda.unfused, the dispatcher's choice against the fastest
@@ -38,17 +39,23 @@ note "device: $(grep '^cuda' "$out/info.txt")"
 
 present=$(grep -E '^  cuda\.' "$out/info.txt" | awk '$NF == "present" {print $1}' | paste -sd, -)
 if [ -n "$present" ]; then
-  SDPA_CUDA_PLUGIN=$PWD/build-gpu/libsdpa_cuda.so timeout 150 build-gpu/tests/test_cuda_grid \
-    >"$out/grid.txt" 2>&1
-  note "cuda grid ($present): $(tail -1 "$out/grid.txt")"
-  timeout 180 build-gpu/cuda_bench "$shapes/diffusion-gpu.tsv" --reps 5 >"$out/bench.txt" 2>&1
-  note "bench: $(grep -c fastest "$out/bench.txt") rows timed; $(tail -1 "$out/bench.txt")"
+  for variant in 0 1; do
+    SDPA_CUDA_FLASH_VARIANT=$variant SDPA_CUDA_PLUGIN=$PWD/build-gpu/libsdpa_cuda.so \
+      timeout 90 build-gpu/tests/test_cuda_grid >"$out/grid-flash-v$variant.txt" 2>&1
+    note "cuda grid ($present; cuda.flash variant $variant): $(tail -1 "$out/grid-flash-v$variant.txt")"
+  done
+  # cuda.flash has two kernel variants (flash_kernel.cuh); time both.
+  for variant in 0 1; do
+    SDPA_CUDA_FLASH_VARIANT=$variant timeout 120 build-gpu/cuda_bench "$shapes/diffusion-gpu.tsv" \
+      --reps 5 >"$out/bench-flash-v$variant.txt" 2>&1
+    note "bench (cuda.flash variant $variant): $(grep -c fastest "$out/bench-flash-v$variant.txt") rows; $(tail -1 "$out/bench-flash-v$variant.txt")"
+  done
 else
   note "cuda.* backends: none present ($(grep -m1 -E '^  cuda\.cudnn' "$out/info.txt" | sed 's/.*lse  //'))"
 fi
 
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  timeout 150 python3 scripts/torch_sdpa_bench.py "$shapes/diffusion-gpu.tsv" >"$out/torch.txt" 2>&1
+  timeout 100 python3 scripts/torch_sdpa_bench.py "$shapes/diffusion-gpu.tsv" >"$out/torch.txt" 2>&1
   note "torch reference: $(tail -1 "$out/torch.txt")"
 else
   note "torch reference: skipped (no PyTorch with CUDA here)"

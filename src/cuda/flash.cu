@@ -27,10 +27,12 @@
  * block's last visible key skipped; LSE (natural log) on request; output
  * in f32, f16 or bf16, any strides.
  *
- * Costs, stated: this is the correct-first version. Tiles are loaded with
- * plain loads (16-byte vectors when the strides allow), not cp.async or
- * TMA, and not double-buffered; on Hopper, wgmma would replace mma.sync.
- * Those are the next steps once a GPU has measured this one.
+ * Costs, stated: variant 0 (the default) is the correct-first version:
+ * tiles loaded with plain loads (16-byte vectors when the strides allow)
+ * between two barriers. Variant 1 (SDPA_CUDA_FLASH_VARIANT=1) streams K and
+ * V with cp.async into two buffers and reads fragments with ldmatrix. Both
+ * pass the emulated test; which is faster is for the first GPU run to say.
+ * On Hopper, wgmma and TMA would come next.
  *
  * Written and compiled without a GPU; scripts/gpu-check.sh is its test.
  */
@@ -39,6 +41,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -69,17 +72,26 @@ static sdpa_status check_device_pointer(const void *p, const char *name, int dev
     return SDPA_OK;
 }
 
-template <int BF16, int HD>
+template <int BF16, int HD, int PIPE>
 static cudaError_t launch(const flash_args *a, int64_t B, cudaStream_t stream)
 {
-    const size_t bytes = flash_smem_bytes(HD);
-    cudaError_t e = cudaFuncSetAttribute(flash_fwd<BF16, HD>,
+    const size_t bytes = flash_smem_bytes(HD, PIPE);
+    cudaError_t e = cudaFuncSetAttribute(flash_fwd<BF16, HD, PIPE>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (e != cudaSuccess)
         return e;
     const dim3 grid((unsigned)((a->Sq + BM - 1) / BM), (unsigned)a->Hq, (unsigned)B);
-    flash_fwd<BF16, HD><<<grid, FLASH_THREADS, bytes, stream>>>(*a);
+    flash_fwd<BF16, HD, PIPE><<<grid, FLASH_THREADS, bytes, stream>>>(*a);
     return cudaGetLastError();
+}
+
+template <int PIPE>
+static cudaError_t launch_variant(const flash_args *a, int64_t B, int64_t D, int bf16,
+                                  cudaStream_t stream)
+{
+    if (D <= 64)
+        return bf16 ? launch<1, 64, PIPE>(a, B, stream) : launch<0, 64, PIPE>(a, B, stream);
+    return bf16 ? launch<1, 128, PIPE>(a, B, stream) : launch<0, 128, PIPE>(a, B, stream);
 }
 
 sdpa_status sdpa_cuda__flash_run(const sdpa_backend *self, const sdpa_call *c)
@@ -113,12 +125,23 @@ sdpa_status sdpa_cuda__flash_run(const sdpa_backend *self, const sdpa_call *c)
     }
     flash_args a;
     flash_args_make(c, &a);
+    /* The kernel variant (flash_kernel.cuh): 0, plain loads; 1, cp.async
+     * double-buffering and ldmatrix. Neither is measured yet, so the
+     * simpler one is the default; scripts/gpu-check.sh times both. */
+    const char *variant = getenv("SDPA_CUDA_FLASH_VARIANT");
+    int pipe = 0;
+    if (variant && *variant) {
+        if (strcmp(variant, "0") != 0 && strcmp(variant, "1") != 0)
+            return sdpa_cuda__host->fail(SDPA_INVALID_ARGUMENT,
+                                         "SDPA_CUDA_FLASH_VARIANT='%.20s' unknown, expected 0 "
+                                         "(plain loads) or 1 (cp.async pipeline)",
+                                         variant);
+        pipe = variant[0] == '1';
+    }
     cudaStream_t stream = (cudaStream_t)c->stream;
     const int bf16 = c->q->dtype == SDPA_BF16;
-    if (d->D <= 64)
-        ce = bf16 ? launch<1, 64>(&a, d->B, stream) : launch<0, 64>(&a, d->B, stream);
-    else
-        ce = bf16 ? launch<1, 128>(&a, d->B, stream) : launch<0, 128>(&a, d->B, stream);
+    ce = pipe ? launch_variant<1>(&a, d->B, d->D, bf16, stream)
+              : launch_variant<0>(&a, d->B, d->D, bf16, stream);
     if (ce != cudaSuccess)
         return sdpa_cuda__host->fail(ce == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY
                                                                      : SDPA_DEVICE_ERROR,

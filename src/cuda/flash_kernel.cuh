@@ -70,6 +70,44 @@ static __device__ __forceinline__ uint32_t pack2(float lo, float hi)
     return r;
 }
 
+#ifndef FLASH_EMULATED
+/* 16 bytes global -> shared without registers (sm_80+); src_bytes 0 fills
+ * zeros (rows past the end). Completes at cp_async_wait. */
+static __device__ __forceinline__ void cp_async16(uint16_t *dst, const uint16_t *src, int src_bytes)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes));
+}
+static __device__ __forceinline__ void cp_async_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+/* Waits until at most n committed groups are still in flight. */
+template <int N>
+static __device__ __forceinline__ void cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* Four 8 x 8 b16 matrices; this lane gives the address of row lane % 8 of
+ * matrix lane / 8. Without TRANS, r[i] holds row lane / 4, columns
+ * 2 (lane % 4) and + 1 of matrix i; with TRANS, rows 2 (lane % 4) and + 1
+ * of column lane / 4. */
+template <int TRANS>
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t *row)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+#endif
+
 static __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
 {
     return *(const uint32_t *)p;
@@ -110,14 +148,39 @@ static __device__ void load_tile(const uint16_t *src, int64_t rs, int64_t es, in
     }
 }
 
-template <int BF16, int HD>
+/* The pipelined variant's K or V tile: cp.async when 16-byte loads are
+ * safe (rows past `limit` zero-filled), else load_tile, row-major. */
+template <int HD>
+static __device__ void issue_tile(const uint16_t *src, int64_t rs, int64_t es, int64_t row0,
+                                  int64_t limit, int64_t D, int vec, uint16_t *dst, int ld)
+{
+    if (!vec) {
+        load_tile<HD>(src, rs, es, row0, limit, D, vec, dst, ld, BN, 0);
+        return;
+    }
+    for (int e = threadIdx.x; e < BN * HD / 8; e += FLASH_THREADS) {
+        const int r = e / (HD / 8), d = e % (HD / 8) * 8;
+        const int in = row0 + r < limit && d < D;
+        cp_async16(dst + r * ld + d, in ? src + (row0 + r) * rs + d : src, in ? 16 : 0);
+    }
+}
+
+/*
+ * PIPE = 0: the first version. K and V^T tiles loaded with plain loads
+ * between two barriers; fragments read with 32-bit shared loads.
+ * PIPE = 1: K and V (row-major) double-buffered with cp.async, so block
+ * j + 1 streams in while block j is computed; K and V fragments read with
+ * ldmatrix (V with .trans, which does the transpose v0 did by hand). More
+ * shared memory (5 tiles), fewer instructions, loads off the critical path.
+ */
+template <int BF16, int HD, int PIPE>
 static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_args a)
 {
     FLASH_SHARED_MEMORY(smem);
     const int LDQ = HD + PAD, LDV = BN + PAD;
     uint16_t *Qs = smem;             /* [BM][LDQ] */
-    uint16_t *Ks = Qs + BM * LDQ;    /* [BN][LDQ] */
-    uint16_t *Vt = Ks + BN * LDQ;    /* [HD][LDV] */
+    uint16_t *Ks = Qs + BM * LDQ;    /* [BN][LDQ]; PIPE: K[2] then V[2], each [BN][LDQ] */
+    uint16_t *Vt = Ks + BN * LDQ;    /* [HD][LDV]; PIPE: unused */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int64_t m0 = (int64_t)blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
     const int64_t hk = h / (a.Hq / a.Hkv);
@@ -147,11 +210,35 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
         const int64_t last = m0 + BM - 1 + a.offset;
         kv_end = last < 0 ? 0 : (last + 1 < a.Skv ? last + 1 : a.Skv);
     }
-    for (int64_t j0 = 0; j0 < kv_end; j0 += BN) {
-        __syncthreads(); /* the previous step's reads of Ks and Vt are done */
-        load_tile<HD>(k, a.ks[1], a.ks[3], j0, a.Skv, a.D, a.vec, Ks, LDQ, BN, 0);
-        load_tile<HD>(v, a.vs[1], a.vs[3], j0, a.Skv, a.D, a.vec, Vt, LDV, BN, 1);
-        __syncthreads();
+    /* PIPE: K of buffer n at Ks + n BN LDQ, V at Ks + (2 + n) BN LDQ (pointer
+     * arithmetic, not an array: a run-time index would put it in local memory) */
+    if (PIPE && kv_end > 0) { /* prologue: block 0 into buffer 0 */
+        issue_tile<HD>(k, a.ks[1], a.ks[3], 0, a.Skv, a.D, a.vec, Ks, LDQ);
+        issue_tile<HD>(v, a.vs[1], a.vs[3], 0, a.Skv, a.D, a.vec, Ks + 2 * BN * LDQ, LDQ);
+        cp_async_commit();
+    }
+    for (int64_t j0 = 0, it = 0; j0 < kv_end; j0 += BN, it++) {
+        const uint16_t *kt = Ks, *vt = Vt;
+        if (PIPE) {
+            if (j0 + BN < kv_end) { /* block it + 1 into the other buffer, then wait for it */
+                const int nb = (int)((it + 1) % 2);
+                issue_tile<HD>(k, a.ks[1], a.ks[3], j0 + BN, a.Skv, a.D, a.vec,
+                               Ks + nb * BN * LDQ, LDQ);
+                issue_tile<HD>(v, a.vs[1], a.vs[3], j0 + BN, a.Skv, a.D, a.vec,
+                               Ks + (2 + nb) * BN * LDQ, LDQ);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads(); /* every thread's copies of block it have landed */
+            kt = Ks + (it % 2) * BN * LDQ, vt = Ks + (2 + it % 2) * BN * LDQ;
+        } else {
+            __syncthreads(); /* the previous step's reads of Ks and Vt are done */
+            load_tile<HD>(k, a.ks[1], a.ks[3], j0, a.Skv, a.D, a.vec, Ks, LDQ, BN, 0);
+            load_tile<HD>(v, a.vs[1], a.vs[3], j0, a.Skv, a.D, a.vec, Vt, LDV, BN, 1);
+            __syncthreads();
+        }
 
         float s[BN / 8][4];
 #pragma unroll
@@ -160,9 +247,19 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++)
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                const uint16_t *p = Ks + (nt * 8 + g) * LDQ + ks * 16 + 2 * t;
-                mma_16816<BF16>(s[nt], qf[ks], ld32(p), ld32(p + 8));
+            for (int nt = 0; nt < BN / 8; nt += 2) {
+                uint32_t bf[4]; /* B of key tiles nt, nt + 1: K rows, d pairs */
+                if (PIPE) {     /* matrix i: keys (nt + i / 2) * 8.., d ks * 16 + (i % 2) * 8.. */
+                    const int mi = lane / 8;
+                    ldmatrix_x4<0>(bf, kt + ((nt + mi / 2) * 8 + lane % 8) * LDQ + ks * 16 +
+                                           (mi % 2) * 8);
+                } else {
+                    const uint16_t *p = kt + (nt * 8 + g) * LDQ + ks * 16 + 2 * t;
+                    bf[0] = ld32(p), bf[1] = ld32(p + 8);
+                    bf[2] = ld32(p + 8 * LDQ), bf[3] = ld32(p + 8 * LDQ + 8);
+                }
+                mma_16816<BF16>(s[nt], qf[ks], bf[0], bf[1]);
+                mma_16816<BF16>(s[nt + 1], qf[ks], bf[2], bf[3]);
             }
 
         /* scale into log2 units, mask, and the online softmax per row */
@@ -208,11 +305,23 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
                                     pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                     pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int dt = 0; dt < HD / 8; dt++) {
-                const uint16_t *p = Vt + (dt * 8 + g) * LDV + kk * 16 + 2 * t;
-                mma_16816<BF16>(o[dt], pa, ld32(p), ld32(p + 8));
+            for (int dt = 0; dt < HD / 8; dt += 2) {
+                uint32_t bf[4]; /* B of d tiles dt, dt + 1: key pairs of one d column */
+                if (PIPE) {     /* matrix i: keys kk * 16 + (i % 2) * 8.., d (dt + i / 2) * 8.. */
+                    const int mi = lane / 8;
+                    ldmatrix_x4<1>(bf, vt + (kk * 16 + (mi % 2) * 8 + lane % 8) * LDQ +
+                                           (dt + mi / 2) * 8);
+                } else {
+                    const uint16_t *p = vt + (dt * 8 + g) * LDV + kk * 16 + 2 * t;
+                    bf[0] = ld32(p), bf[1] = ld32(p + 8);
+                    bf[2] = ld32(p + 8 * LDV), bf[3] = ld32(p + 8 * LDV + 8);
+                }
+                mma_16816<BF16>(o[dt], pa, bf[0], bf[1]);
+                mma_16816<BF16>(o[dt + 1], pa, bf[2], bf[3]);
             }
         }
+        if (PIPE)
+            __syncthreads(); /* buffer it % 2 is refilled next iteration */
     }
 
 #pragma unroll
@@ -264,8 +373,10 @@ static void flash_args_make(const sdpa_call *c, flash_args *a)
 }
 
 /* Dynamic shared memory of one block. */
-static size_t flash_smem_bytes(int hd)
+static size_t flash_smem_bytes(int hd, int pipe)
 {
+    if (pipe) /* Q, K[2], V[2] */
+        return sizeof(uint16_t) * (size_t)((BM + 4 * BN) * (hd + PAD));
     return sizeof(uint16_t) * (size_t)((BM + BN) * (hd + PAD) + hd * (BN + PAD));
 }
 

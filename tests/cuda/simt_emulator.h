@@ -26,6 +26,11 @@
  * those layouts are right (they are the manual's, transcribed), timing,
  * and memory-model effects beyond what barriers order.
  *
+ * Also ldmatrix .x4 (with and without .trans) by the manual's layout, and
+ * cp.async, whose copies land either at once or only at the
+ * cp.async.wait_group that covers them: the two ends of the window in
+ * which the hardware may complete them.
+ *
  * Include it instead of the CUDA headers, before flash_kernel.cuh.
  */
 #ifndef SDPA_SIMT_EMULATOR_H
@@ -91,11 +96,21 @@ struct emu_dim3 {
     unsigned x, y, z;
 };
 
+#define EMU_COPIES 256 /* cp.async copies a thread may have in flight */
+
+struct emu_copy {
+    void *dst;
+    const void *src;
+    int bytes, group;
+};
+
 struct emu_thread {
     ucontext_t ctx;
     emu_dim3 idx;
     int lane, warp, done;
     char *stack;
+    emu_copy copies[EMU_COPIES];
+    int n_copies, group; /* group: committed groups so far */
 };
 
 static emu_thread emu_threads[EMU_THREADS];
@@ -140,6 +155,71 @@ static inline float __shfl_xor_sync(unsigned mask, float v, int m)
     const float r = emu_shfl[w][l ^ m];
     emu_barrier(w, 32);
     return r;
+}
+
+/* cp.async lands at a random moment of its window, as on hardware: half
+ * the copies at once (so a buffer refilled while another warp still reads
+ * it gets clobbered), the other half only at the wait that covers their
+ * group (so a read before that wait sees the old bytes). src_bytes 0
+ * writes zeros. */
+static inline void cp_async16(uint16_t *dst, const uint16_t *src, int src_bytes)
+{
+    emu_thread *t = emu_cur;
+    emu_rng ^= emu_rng << 13, emu_rng ^= emu_rng >> 7, emu_rng ^= emu_rng << 17;
+    if (emu_rng >> 63) {
+        if (src_bytes)
+            memcpy(dst, src, 16);
+        else
+            memset(dst, 0, 16);
+        return;
+    }
+    if (t->n_copies == EMU_COPIES) {
+        fprintf(stderr, "simt emulator: more than %d cp.async in flight\n", EMU_COPIES);
+        abort();
+    }
+    t->copies[t->n_copies++] = emu_copy{dst, src, src_bytes, t->group};
+}
+
+static inline void cp_async_commit(void) { emu_cur->group++; }
+
+template <int N>
+static inline void cp_async_wait(void)
+{
+    emu_thread *t = emu_cur;
+    int kept = 0;
+    for (int i = 0; i < t->n_copies; i++) {
+        emu_copy *c = &t->copies[i];
+        if (c->group < t->group - N) { /* a committed group older than the newest N */
+            if (c->bytes)
+                memcpy(c->dst, c->src, 16);
+            else
+                memset(c->dst, 0, 16);
+        } else {
+            t->copies[kept++] = *c;
+        }
+    }
+    t->n_copies = kept;
+}
+
+/* ldmatrix .x4: lane L gives the row address of row L % 8 of matrix L / 8. */
+static const uint16_t *emu_rows[EMU_WARPS][32];
+
+template <int TRANS>
+static void ldmatrix_x4(uint32_t r[4], const uint16_t *row)
+{
+    const int w = emu_cur->warp, l = emu_cur->lane;
+    emu_rows[w][l] = row;
+    emu_barrier(w, 32);
+    for (int i = 0; i < 4; i++) {
+        const uint16_t *const *m = &emu_rows[w][8 * i];
+        uint16_t lo, hi;
+        if (TRANS) /* rows 2 (l % 4) and + 1, column l / 4 */
+            lo = m[2 * (l % 4)][l / 4], hi = m[2 * (l % 4) + 1][l / 4];
+        else /* row l / 4, columns 2 (l % 4) and + 1 */
+            lo = m[l / 4][2 * (l % 4)], hi = m[l / 4][2 * (l % 4) + 1];
+        r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+    emu_barrier(w, 32);
 }
 
 struct emu_frag {
@@ -219,6 +299,7 @@ static int emu_launch(emu_dim3 grid, size_t smem_bytes, void (*body)(void))
                     }
                     t->idx = emu_dim3{(unsigned)i, 0, 0};
                     t->lane = i % 32, t->warp = i / 32, t->done = 0;
+                    t->n_copies = 0, t->group = 0;
                     getcontext(&t->ctx);
                     t->ctx.uc_stack.ss_sp = t->stack;
                     t->ctx.uc_stack.ss_size = EMU_STACK;

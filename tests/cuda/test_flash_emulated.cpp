@@ -26,19 +26,21 @@ extern "C" {
 
 static flash_args emu_args;
 
-template <int BF16, int HD>
+template <int BF16, int HD, int PIPE>
 static void body(void)
 {
-    flash_fwd<BF16, HD>(emu_args);
+    flash_fwd<BF16, HD, PIPE>(emu_args);
 }
+
+static int pipe; /* the kernel variant under test */
 
 static sdpa_context *ctx;
 
 static void check(tl_case c)
 {
     char what[200];
-    snprintf(what, sizeof what, "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s->%s causal=%s %s",
-             (long long)c.B, (long long)c.Sq, (long long)c.Skv, (long long)c.Hq, (long long)c.Hkv,
+    snprintf(what, sizeof what, "v%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s->%s causal=%s %s",
+             pipe, (long long)c.B, (long long)c.Sq, (long long)c.Skv, (long long)c.Hq, (long long)c.Hkv,
              (long long)c.D, sdpa_dtype_name(c.dtype), sdpa_dtype_name(c.out_dtype),
              sdpa_causal_name(c.causal), tl_layout_name(c.layout));
     tl_problem p;
@@ -53,10 +55,12 @@ static void check(tl_case c)
     CHECK_STATUS(sdpa__call_prepare(&p.q, &p.k, &p.v, &got.t, got.lse, &prm, &call), SDPA_OK);
     flash_args_make(&call, &emu_args);
     const int hd = c.D <= 64 ? 64 : 128, bf16 = c.dtype == SDPA_BF16;
-    void (*fn)(void) = bf16 ? (hd == 64 ? body<1, 64> : body<1, 128>)
-                            : (hd == 64 ? body<0, 64> : body<0, 128>);
+    void (*const fns[2][2][2])(void) = {
+        {{body<0, 64, 0>, body<0, 64, 1>}, {body<0, 128, 0>, body<0, 128, 1>}},
+        {{body<1, 64, 0>, body<1, 64, 1>}, {body<1, 128, 0>, body<1, 128, 1>}}};
     const emu_dim3 grid = {(unsigned)((c.Sq + BM - 1) / BM), (unsigned)c.Hq, (unsigned)c.B};
-    CHECK(emu_launch(grid, flash_smem_bytes(hd), fn) == 0, "%s: the block did not finish", what);
+    CHECK(emu_launch(grid, flash_smem_bytes(hd, pipe), fns[bf16][hd == 128][pipe]) == 0,
+          "%s: the block did not finish", what);
     prm.backend = "ref";
     CHECK_STATUS(sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm), SDPA_OK);
     const double tol = tl_tolerance(c.dtype, c.out_dtype) + tl_product_tolerance(bf16 ? 8 : 11);
@@ -84,26 +88,28 @@ int main(void)
     ctx = tl_context(NULL);
     if (!ctx)
         return 1;
-    const sdpa_dtype bf = SDPA_BF16, hf = SDPA_F16;
-    /* both kernels and the padded head dims */
-    const int64_t dims[] = {64, 128, 32, 72, 80, 96};
-    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
-        check(mk(1, 70, 130, 2, 2, dims[i], i % 2 ? hf : bf, SDPA_CAUSAL_NONE, TL_BSHD));
-    /* causal, both alignments; rows that see no key (bottom-right, Sq > Skv) */
-    check(mk(1, 129, 129, 2, 1, 64, bf, SDPA_CAUSAL_TOP_LEFT, TL_BHSD));
-    check(mk(1, 100, 300, 4, 2, 128, hf, SDPA_CAUSAL_BOTTOM_RIGHT, TL_BSHD));
-    check(mk(2, 90, 33, 2, 2, 64, bf, SDPA_CAUSAL_BOTTOM_RIGHT, TL_BSHD));
-    check(mk(1, 33, 90, 2, 2, 64, bf, SDPA_CAUSAL_TOP_LEFT, TL_BSHD));
-    /* cross-attention to text tokens; GQA and MQA; a strided view (scalar loads) */
-    check(mk(2, 65, 77, 4, 1, 128, bf, SDPA_CAUSAL_NONE, TL_BSHD));
-    check(mk(1, 17, 513, 4, 2, 64, hf, SDPA_CAUSAL_NONE, TL_STRIDED));
-    check(mk(1, 1, 1, 1, 1, 64, bf, SDPA_CAUSAL_NONE, TL_BSHD));
-    /* output dtypes */
-    tl_case c = mk(1, 64, 64, 2, 2, 128, bf, SDPA_CAUSAL_NONE, TL_BSHD);
-    c.out_dtype = SDPA_F32;
-    check(c);
-    c.dtype = hf, c.out_dtype = bf;
-    check(c);
+    for (pipe = 0; pipe <= 1; pipe++) { /* both kernel variants, the same cases */
+        const sdpa_dtype bf = SDPA_BF16, hf = SDPA_F16;
+        /* both kernels and the padded head dims */
+        const int64_t dims[] = {64, 128, 32, 72, 80, 96};
+        for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+            check(mk(1, 70, 130, 2, 2, dims[i], i % 2 ? hf : bf, SDPA_CAUSAL_NONE, TL_BSHD));
+        /* causal, both alignments; rows that see no key (bottom-right, Sq > Skv) */
+        check(mk(1, 129, 129, 2, 1, 64, bf, SDPA_CAUSAL_TOP_LEFT, TL_BHSD));
+        check(mk(1, 100, 300, 4, 2, 128, hf, SDPA_CAUSAL_BOTTOM_RIGHT, TL_BSHD));
+        check(mk(2, 90, 33, 2, 2, 64, bf, SDPA_CAUSAL_BOTTOM_RIGHT, TL_BSHD));
+        check(mk(1, 33, 90, 2, 2, 64, bf, SDPA_CAUSAL_TOP_LEFT, TL_BSHD));
+        /* cross-attention to text tokens; GQA and MQA; a strided view (scalar loads) */
+        check(mk(2, 65, 77, 4, 1, 128, bf, SDPA_CAUSAL_NONE, TL_BSHD));
+        check(mk(1, 17, 513, 4, 2, 64, hf, SDPA_CAUSAL_NONE, TL_STRIDED));
+        check(mk(1, 1, 1, 1, 1, 64, bf, SDPA_CAUSAL_NONE, TL_BSHD));
+        /* output dtypes */
+        tl_case c = mk(1, 64, 64, 2, 2, 128, bf, SDPA_CAUSAL_NONE, TL_BSHD);
+        c.out_dtype = SDPA_F32;
+        check(c);
+        c.dtype = hf, c.out_dtype = bf;
+        check(c);
+    }
     sdpa_context_destroy(ctx);
     return tl_finish();
 }
