@@ -173,7 +173,8 @@ static double rel_l2(const void *x, const void *y, size_t n, int bf16)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: cuda_bench SUITE.tsv [--reps N] [--max-flops F] [--dtype bf16|f16]\n");
+        fprintf(stderr,
+                "usage: cuda_bench SUITE.tsv [--reps N] [--max-flops F] [--dtype bf16|f16]\n");
         return 2;
     }
     int reps = 5, bf16 = 1;

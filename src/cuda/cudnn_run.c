@@ -7,8 +7,9 @@
  *
  * Plans are cached per (device, sizes, strides, dtype, mask, stats) in a
  * small process-wide table; an entry a thread is executing is never
- * evicted under it (a use count, taken and dropped under the lock). Building one compiles kernels (NVRTC, about a
- * second), so it happens under the cache lock once per shape; later calls
+ * evicted under it (a use count, taken and dropped under the lock).
+ * Building one compiles kernels (NVRTC, about a second), so it happens
+ * under the cache lock once per shape (or in sdpa_warmup); later calls
  * cost a lookup. cuDNN handles are per thread (a handle must not be used
  * by two threads at once). The workspace is a per-thread device buffer
  * that only grows, so the hot path does no cudaMalloc.

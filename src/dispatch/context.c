@@ -354,9 +354,9 @@ static void log_isa_decision(sdpa_context *ctx)
         snprintf(skipped + len, sizeof skipped - len, "%s%s %s", len ? "; " : "", b->name,
                  ctx->why_absent[i]);
     }
-    const char *amx = (ctx->host.cpu_features_present & SDPA_CPU_AMX_BF16) && !ctx->host.amx_permitted
-                          ? "AMX present but permission refused; "
-                          : "";
+    const int refused =
+        (ctx->host.cpu_features_present & SDPA_CPU_AMX_BF16) && !ctx->host.amx_permitted;
+    const char *amx = refused ? "AMX present but permission refused; " : "";
     sdpa__log(&ctx->log, SDPA_LOG_INFO, "CPU kernel: %s%s%s%s%s", amx, kernels,
               skipped[0] ? " (" : "", skipped, skipped[0] ? ")" : "");
 }

@@ -39,8 +39,9 @@ static sdpa_context *ctx;
 static void check(tl_case c)
 {
     char what[200];
-    snprintf(what, sizeof what, "v%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s->%s causal=%s %s",
-             pipe, (long long)c.B, (long long)c.Sq, (long long)c.Skv, (long long)c.Hq, (long long)c.Hkv,
+    snprintf(what, sizeof what,
+             "v%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s->%s causal=%s %s", pipe,
+             (long long)c.B, (long long)c.Sq, (long long)c.Skv, (long long)c.Hq, (long long)c.Hkv,
              (long long)c.D, sdpa_dtype_name(c.dtype), sdpa_dtype_name(c.out_dtype),
              sdpa_causal_name(c.causal), tl_layout_name(c.layout));
     tl_problem p;

@@ -124,7 +124,8 @@ static inline void amx_emu_dpbf16ps(int c, int a, int b)
             float acc;
             memcpy(&acc, &amx_emu.t[c][m][4 * n], 4);
             for (int k = 0; k < K; k++) {
-                acc += amx_emu_bf16(&amx_emu.t[a][m][4 * k]) * amx_emu_bf16(&amx_emu.t[b][k][4 * n]);
+                acc += amx_emu_bf16(&amx_emu.t[a][m][4 * k]) *
+                       amx_emu_bf16(&amx_emu.t[b][k][4 * n]);
                 acc += amx_emu_bf16(&amx_emu.t[a][m][4 * k + 2]) *
                        amx_emu_bf16(&amx_emu.t[b][k][4 * n + 2]);
             }

@@ -89,10 +89,6 @@ typedef struct amx_job {
     float scale_log2; /* scale * log2(e) */
 } amx_job;
 
-/* Tile registers, all 16 rows x 64 bytes (amx_configure_full_tiles): C is
- * 16 x 16 fp32, A 16 x 32 bf16, B 16 pair-rows x 16 columns x 2 bf16.
- * tmm0-3 accumulate, tmm4-5 hold A, tmm6-7 hold B. */
-
 static const void *row_ptr(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     return sdpa__elem(t, sdpa__offset(t, b, s, h, 0));
@@ -106,7 +102,7 @@ static void load_q(const amx_job *jb, const amx_qblock *qb, int64_t b, int64_t h
     memset(qb->q, 0, sizeof(uint16_t) * (size_t)(BQ * Dp));
     for (int r = 0; r < rows; r++)
         sdpa__load_row_bf16(row_ptr(c->q, b, i0 + r, h), c->q->dtype, c->q->stride[3], D,
-                    qb->q + r * Dp);
+                            qb->q + r * Dp);
     memset(qb->o, 0, sizeof(float) * (size_t)(BQ * Dp));
     for (int r = 0; r < BQ; r++)
         qb->m[r] = -INFINITY, qb->l[r] = 0.0f;
@@ -124,20 +120,25 @@ static void pack_kv(const amx_job *jb, const amx_workspace *w, int64_t b, int64_
     memset(w->v, 0, sizeof(uint16_t) * (size_t)(bkp * Dp));
     for (int j = 0; j < bk; j++) {
         /* K: tile (g = j / 16, chunk), row r = (d % 32) / 2, column j % 16, half d % 2 */
-        sdpa__load_row_bf16(row_ptr(c->k, b, j0 + j, hk), c->k->dtype, c->k->stride[3], D, w->row);
+        sdpa__load_row_bf16(row_ptr(c->k, b, j0 + j, hk), c->k->dtype, c->k->stride[3], D,
+                            w->row);
         uint16_t *kt = w->k + (int64_t)(j / 16) * kchunks * 512 + (j % 16) * 2;
         for (int64_t d = 0; d < D; d++)
             kt[(d / 32) * 512 + ((d % 32) / 2) * 32 + (d % 2)] = w->row[d];
         /* V: tile (chunk = j / 32, group = d / 16), row r = (j % 32) / 2,
          * column d % 16, half j % 2 */
-        sdpa__load_row_bf16(row_ptr(c->v, b, j0 + j, hk), c->v->dtype, c->v->stride[3], D, w->row);
+        sdpa__load_row_bf16(row_ptr(c->v, b, j0 + j, hk), c->v->dtype, c->v->stride[3], D,
+                            w->row);
         uint16_t *vt = w->v + (int64_t)(j / 32) * vgroups * 512 + ((j % 32) / 2) * 32 + (j % 2);
         for (int64_t d = 0; d < D; d++)
             vt[(d / 16) * 512 + (d % 16) * 2] = w->row[d];
     }
 }
 
-/* S = Q K^T for keys 0 .. bkp of the block, 32 keys (two B tiles) at a time. */
+/* S = Q K^T for keys 0 .. bkp of the block, 32 keys (two B tiles) at a time.
+ * Tile registers, all 16 rows x 64 bytes (amx_configure_full_tiles): C is
+ * 16 x 16 fp32, A 16 x 32 bf16, B 16 pair-rows x 16 columns x 2 bf16;
+ * tmm0-3 accumulate, tmm4-5 hold A, tmm6-7 hold B (both products). */
 static void scores(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb, int bkp)
 {
     const int64_t Dp = jb->Dp, kchunks = Dp / 32;
@@ -375,7 +376,8 @@ static pthread_once_t amx_selftest_once = PTHREAD_ONCE_INIT;
 
 static void amx_selftest(void)
 {
-    static uint16_t a[16 * 32] __attribute__((aligned(64))), b[16 * 32] __attribute__((aligned(64)));
+    static uint16_t a[16 * 32] __attribute__((aligned(64)));
+    static uint16_t b[16 * 32] __attribute__((aligned(64)));
     static float c[16 * 16] __attribute__((aligned(64)));
     for (int i = 0; i < 16 * 32; i++) { /* small integers: exact in bf16 and fp32 */
         a[i] = sdpa__f32_to_bf16((float)((i * 7) % 11 - 5));
