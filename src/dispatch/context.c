@@ -328,6 +328,8 @@ static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
  * ("AMX present but permission refused; f32 -> cpu.avx512, ..."). */
 static void log_isa_decision(sdpa_context *ctx)
 {
+    if (ctx->log.level < SDPA_LOG_INFO)
+        return; /* three decisions for a line nobody reads */
     char kernels[160] = "", skipped[512] = "";
     for (int t = 0; t < SDPA_DTYPE_COUNT; t++) {
         sdpa_call_desc d;
