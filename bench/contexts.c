@@ -9,13 +9,16 @@
  *   shared   share_pool = 1: both use the process-wide pool of their
  *            width, so their parallel regions take turns
  *   serial   one thread, one context, 2N calls: the work without contention
+ *   alternate  one thread, 2N calls alternating between two contexts with
+ *            private pools (what `sdpa ab` would do with one context per arm)
  *
  * Reported: median wall time of each arrangement over R rounds, and its
  * ratio to serial. Nothing is asserted; this is the evidence behind the
- * default (measured on 2 vCPUs, 2026-11-29, S = 128 / 384 / 1024 over
- * three runs: private 0.58-0.79x / 0.97-1.15x / 0.98-1.08x of serial,
- * shared 1.00-1.02x / 1.04-1.07x / 1.03x. Private pools let two small
- * calls overlap their fixed costs; neither is slower by more than 15%).
+ * default (measured on 2 vCPUs, 2026-11-29, S = 128 / 384 / 1024 over five
+ * runs: private 0.58-0.83x / 0.96-1.15x / 0.96-1.10x of serial, shared
+ * 1.00-1.09x / 1.03-1.07x / 1.01-1.03x, alternate 1.01-1.04x. Private
+ * pools let two small calls overlap their fixed costs; nothing is slower by
+ * more than 15%; bench/results/2026-11-29-contexts.txt is one run).
  *
  * usage: bench_contexts [N calls per thread, default 20] [R rounds, default 7]
  *                       [S tokens, default 1024]
@@ -75,6 +78,22 @@ static int cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* One thread, 2N calls alternating between c0 and c1. */
+static double alternating(sdpa_context *c0, sdpa_context *c1, worker *w, int calls)
+{
+    double t0 = now_ms();
+    for (int i = 0; i < 2 * calls; i++) {
+        w[0].ctx = i % 2 ? c1 : c0;
+        w[0].calls = 1;
+        run_calls(&w[0]);
+        if (w[0].st != SDPA_OK) {
+            fprintf(stderr, "bench_contexts: %s\n", sdpa_last_error());
+            exit(1);
+        }
+    }
+    return now_ms() - t0;
+}
+
 /* Wall time of two threads on ctx[0], ctx[1] (or one thread, 2N calls). */
 static double arrangement(sdpa_context *c0, sdpa_context *c1, worker *w, int calls)
 {
@@ -124,24 +143,28 @@ int main(int argc, char **argv)
     }
     arrangement(s0, s1, w, 1); /* start every pool before timing */
     arrangement(p0, p1, w, 1);
-    double ts[99], tp[99], t1[99];
-    for (int r = 0; r < rounds; r++) { /* interleaved, so drift hits all three */
+    double ts[99], tp[99], t1[99], ta[99];
+    for (int r = 0; r < rounds; r++) { /* interleaved, so drift hits all four */
         ts[r] = arrangement(s0, s1, w, calls);
         tp[r] = arrangement(p0, p1, w, calls);
         t1[r] = arrangement(s0, NULL, w, calls);
+        ta[r] = alternating(p0, p1, w, calls);
     }
     qsort(ts, (size_t)rounds, sizeof *ts, cmp);
     qsort(tp, (size_t)rounds, sizeof *tp, cmp);
     qsort(t1, (size_t)rounds, sizeof *t1, cmp);
+    qsort(ta, (size_t)rounds, sizeof *ta, cmp);
     const double ms = ts[rounds / 2], mp = tp[rounds / 2], m1 = t1[rounds / 2];
+    const double ma = ta[rounds / 2];
     printf("# bench_contexts: 2 threads x %d calls of f32 %d,%d,%d,%d,%d,%d on %d-thread contexts "
            "(%s), medians of %d interleaved rounds\n",
            calls, B, S, S, H, H, D, sdpa_context_threads(s0), sdpa_context_platform(s0)->cpu_model,
            rounds);
-    printf("%-8s %10s %10s\n", "pools", "median_ms", "x serial");
-    printf("%-8s %10.1f %10.2f\n", "serial", m1, 1.0);
-    printf("%-8s %10.1f %10.2f\n", "shared", ms, ms / m1);
-    printf("%-8s %10.1f %10.2f\n", "private", mp, mp / m1);
+    printf("%-9s %10s %10s\n", "pools", "median_ms", "x serial");
+    printf("%-9s %10.1f %10.2f\n", "serial", m1, 1.0);
+    printf("%-9s %10.1f %10.2f\n", "shared", ms, ms / m1);
+    printf("%-9s %10.1f %10.2f\n", "private", mp, mp / m1);
+    printf("%-9s %10.1f %10.2f\n", "alternate", ma, ma / m1);
     sdpa_context_destroy(s0), sdpa_context_destroy(s1);
     sdpa_context_destroy(p0), sdpa_context_destroy(p1);
     for (int i = 0; i < 2; i++)

@@ -272,7 +272,7 @@ typedef void (*sdpa_log_fn)(sdpa_log_level level, const char *message, void *use
  *                one set of threads (their parallel calls then take turns).
  *                bench/contexts.c, 2 busy contexts on 2 cores: private
  *                pools 0.58-1.15x the time of the same calls in series,
- *                shared 1.00-1.07x (private wins on small calls).
+ *                shared 1.00-1.09x (private wins on small calls).
  * Environment values are validated: an unknown backend in SDPA_BACKEND or a
  * bad SDPA_LOG fails context creation with INVALID_ARGUMENT.
  */
