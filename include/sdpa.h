@@ -323,8 +323,14 @@ sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *co
  *     ... create layers, call sdpa_forward ...
  *   sdpa_override_pop();
  *
- * Layers capture the override active when they are created. Depth is at
- * most 16. Backend names are checked when a decision uses them.
+ * An override active when a layer is created is captured by the layer and
+ * keeps applying to its calls after the pop, on every thread. An override
+ * active on the thread that calls a layer applies to that call only (it
+ * beats the layer's captured override, its component override and
+ * SDPA_BACKEND, not a backend given in its sdpa_layer_desc); it is never
+ * remembered by the layer, so other threads and later calls are not
+ * affected. Depth is at most 16. Backend names are checked when a decision
+ * uses them.
  */
 sdpa_status sdpa_override_push(const char *backend);
 sdpa_status sdpa_override_pop(void);
@@ -376,7 +382,10 @@ typedef struct sdpa_layer sdpa_layer;
  *   4. SDPA_BACKEND from the environment (read at context creation)
  *   5. the policy rules, evaluated per call shape (cached per shape class)
  *   6. the built-in fallback chain
- * A per-call params->backend still beats all of these.
+ * A per-call params->backend still beats all of these, and a scoped
+ * override on the calling thread beats 2-6 for that call (see
+ * sdpa_override_push). Decisions from 3-6 are cached per shape class;
+ * decisions made under a caller's override are not.
  *
  * If a backend chosen by 5/6 answers UNSUPPORTED while running, the layer
  * latches it off for itself (thread-safe), logs one warning naming the

@@ -297,6 +297,12 @@ static sdpa_status layer_call(sdpa_layer *l, const sdpa_tensor *q, const sdpa_te
     call.desc.quant = l->quant[0] ? l->quant : NULL;
     if (call.desc.backend) /* per-call explicit choice: not cached */
         return decide_and_run(l->ctx, l, l->name, &call, warmup);
+    /* A scoped override on the calling thread belongs to that thread: it
+     * beats everything but the layer's own backend, and its decision is
+     * never written to the cache the layer's other callers read. */
+    const int own_backend = l->has_choice && l->choice.source == SDPA_SOURCE_EXPLICIT;
+    if (!own_backend && sdpa_override_current())
+        return decide_and_run(l->ctx, l, l->name, &call, warmup);
     cache_entry e;
     if ((st = layer_decision(l, &call.desc, &e)) != SDPA_OK)
         return st;

@@ -550,6 +550,96 @@ static void test_latch(void)
     sdpa_context_destroy(ctx);
 }
 
+/* ---- a caller's scoped override and the layer's shared cache */
+
+typedef struct layer_thread {
+    sdpa_layer *layer;
+    const run_setup *r;
+    const char *push; /* override to push around the call, or NULL */
+    char ran[32];
+    sdpa_status st;
+} layer_thread;
+
+static void *call_layer_on_thread(void *raw)
+{
+    layer_thread *t = raw;
+    tl_output out;
+    tl_output_make(&out, &t->r->p);
+    if (t->push)
+        sdpa_override_push(t->push);
+    t->st = sdpa_layer_forward(t->layer, &t->r->p.q, &t->r->p.k, &t->r->p.v, &out.t, out.lse,
+                               NULL);
+    snprintf(t->ran, sizeof t->ran, "%s", t->st == SDPA_OK ? sdpa_last_backend() : "(failed)");
+    if (t->push)
+        sdpa_override_pop();
+    tl_output_free(&out);
+    return NULL;
+}
+
+static const char *ran_on_thread(sdpa_layer *layer, const run_setup *r, const char *push)
+{
+    static layer_thread t;
+    pthread_t th;
+    t = (layer_thread){layer, r, push, "", SDPA_OK};
+    pthread_create(&th, NULL, call_layer_on_thread, &t);
+    pthread_join(th, NULL);
+    CHECK_STATUS(t.st, SDPA_OK);
+    return t.ran;
+}
+
+static void test_layer_call_time_override(void)
+{
+    sdpa_context *ctx = cpu_ctx_with_scripts();
+    sdpa_context_load_policy_text(ctx, "rule r\ndevice cpu\ntry test.b\nevidence x\n", "r.rules");
+    run_setup r;
+    setup(&r, ctx, 1);
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.name = "blocks.1.attn1";
+    sdpa_layer *layer;
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK); /* no override captured */
+
+    /* The first call of the layer happens inside thread A's override. */
+    sdpa_override_push("test.c");
+    CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(strcmp(sdpa_last_backend(), "test.c") == 0, "under A's override ran %s",
+          sdpa_last_backend());
+    sdpa_override_pop();
+    CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(strcmp(sdpa_last_backend(), "test.b") == 0, "thread A after the pop ran %s",
+          sdpa_last_backend());
+    const char *ran = ran_on_thread(layer, &r, NULL);
+    CHECK(strcmp(ran, "test.b") == 0, "thread B with no override ran %s", ran);
+
+    /* B's override applies to B's call only, also once the cache is warm. */
+    ran = ran_on_thread(layer, &r, "test.a");
+    CHECK(strcmp(ran, "test.a") == 0, "thread B under its override ran %s", ran);
+    CHECK_STATUS(sdpa_layer_forward(layer, &r.p.q, &r.p.k, &r.p.v, &r.out.t, r.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(strcmp(sdpa_last_backend(), "test.b") == 0, "thread A after B's override ran %s",
+          sdpa_last_backend());
+    sdpa_layer_destroy(layer);
+
+    /* A captured override keeps applying on every thread; a caller's
+     * override beats it; the layer's own backend beats the caller's. */
+    sdpa_override_push("test.c");
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    sdpa_override_pop();
+    ran = ran_on_thread(layer, &r, NULL);
+    CHECK(strcmp(ran, "test.c") == 0, "captured override on thread B: ran %s", ran);
+    ran = ran_on_thread(layer, &r, "test.a");
+    CHECK(strcmp(ran, "test.a") == 0, "caller's override over the captured one: ran %s", ran);
+    sdpa_layer_destroy(layer);
+    ld.backend = "test.c";
+    CHECK_STATUS(sdpa_layer_create(ctx, &ld, &layer), SDPA_OK);
+    ran = ran_on_thread(layer, &r, "test.a");
+    CHECK(strcmp(ran, "test.c") == 0, "the layer's own backend over the caller's: ran %s", ran);
+    sdpa_layer_destroy(layer);
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
 /* ---- many threads, one layer */
 
 typedef struct worker {
@@ -817,6 +907,7 @@ int main(void)
     test_explicit_refusal();
     test_lse_forcing();
     test_latch();
+    test_layer_call_time_override();
     test_warmup();
     test_shared_pool();
     test_concurrency();
