@@ -134,6 +134,14 @@ sdpa_tensor sdpa_tensor_bshd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
 sdpa_tensor sdpa_tensor_bhsd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
                              int64_t H, int64_t D);
 
+/*
+ * Converts n elements between dtypes (round to nearest even on the way
+ * down; NaN stays NaN, values beyond f16's range become infinities). dst
+ * may be src itself when dst's elements are no wider than src's.
+ */
+sdpa_status sdpa_convert(const void *src, sdpa_dtype src_dtype, void *dst, sdpa_dtype dst_dtype,
+                         size_t n);
+
 /* ---------------------------------------------------------------- a call */
 
 /*

@@ -14,6 +14,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "dit.h"
 #include "suite.h"
+#include "commands.h"
 #include "tool.h"
 
 #include <stdlib.h>

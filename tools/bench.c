@@ -9,6 +9,7 @@
  * with Sq == Skv). "chosen" is what the dispatcher would run for the row.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "commands.h"
 #include "tool.h"
 #include "suite.h"
 

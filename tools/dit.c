@@ -30,8 +30,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "dit.h"
 #include "image.h"
+#include "commands.h"
 #include "tool.h"
-#include "../src/core/half.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -252,12 +252,8 @@ static sdpa_status attention(sdpa_layer *layer, const char *name, const float *x
     if (st->dtype != SDPA_F32) {
         float *bufs[3] = {q, k, v};
         const size_t n[3] = {(size_t)Tq * C, (size_t)Tkv * C, (size_t)Tkv * C};
-        for (int b = 0; b < 3; b++) {
-            uint16_t *hb = (uint16_t *)bufs[b];
-            for (size_t i = 0; i < n[b]; i++)
-                hb[i] = st->dtype == SDPA_BF16 ? sdpa__f32_to_bf16(bufs[b][i])
-                                               : sdpa__f32_to_f16(bufs[b][i]);
-        }
+        for (int b = 0; b < 3; b++)
+            sdpa_convert(bufs[b], SDPA_F32, bufs[b], st->dtype, n[b]);
     }
     sdpa_tensor tq = sdpa_tensor_bshd(q, st->dtype, 1, Tq, H, C / H);
     sdpa_tensor tk = sdpa_tensor_bshd(k, st->dtype, 1, Tkv, H, C / H);

@@ -20,18 +20,58 @@ static int fail(char *err, size_t n, const char *path, const char *what)
     return -1;
 }
 
-/* Finds 'key': in the header dict and returns a pointer past the colon. */
-static const char *dict_value(const char *hdr, const char *key)
+/*
+ * The header is a Python dict literal. It is read as one, key by key, so a
+ * key's name inside another key's string value is never taken for the key:
+ * values are a quoted string, True/False, or a tuple of integers. Sets
+ * vals[k] to the start of the value of keys[k]; -1 for a malformed dict.
+ */
+static int parse_dict(const char *p, const char *const *keys, int nkeys, const char **vals)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "'%s':", key);
-    const char *p = strstr(hdr, pat);
-    if (!p)
-        return NULL;
-    p += strlen(pat);
+    for (int k = 0; k < nkeys; k++)
+        vals[k] = NULL;
     while (*p == ' ')
         p++;
-    return p;
+    if (*p++ != '{')
+        return -1;
+    for (;;) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (*p == '}')
+            return 0;
+        if (*p != '\'' && *p != '"')
+            return -1;
+        const char quote = *p++, *key = p;
+        const char *end = strchr(p, quote);
+        if (!end)
+            return -1;
+        const size_t klen = (size_t)(end - key);
+        p = end + 1;
+        while (*p == ' ')
+            p++;
+        if (*p++ != ':')
+            return -1;
+        while (*p == ' ')
+            p++;
+        for (int k = 0; k < nkeys; k++)
+            if (strlen(keys[k]) == klen && strncmp(keys[k], key, klen) == 0)
+                vals[k] = p;
+        if (*p == '\'' || *p == '"') { /* skip the value */
+            const char *e = strchr(p + 1, *p);
+            if (!e)
+                return -1;
+            p = e + 1;
+        } else if (*p == '(') {
+            const char *e = strchr(p, ')');
+            if (!e)
+                return -1;
+            p = e + 1;
+        } else if (strncmp(p, "True", 4) == 0 || strncmp(p, "False", 5) == 0) {
+            p += *p == 'T' ? 4 : 5;
+        } else {
+            return -1;
+        }
+    }
 }
 
 int npy_read(const char *path, npy_array *out, char *err, size_t errn)
@@ -76,9 +116,14 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errn)
         goto done;
     }
     hdr[hlen] = '\0';
-    const char *descr = dict_value(hdr, "descr");
-    const char *order = dict_value(hdr, "fortran_order");
-    const char *shape = dict_value(hdr, "shape");
+    static const char *const keys[3] = {"descr", "fortran_order", "shape"};
+    const char *vals[3];
+    if (parse_dict(hdr, keys, 3, vals) != 0) {
+        fail(err, errn, path, "malformed header (expected a dict of descr, fortran_order and "
+                              "shape)");
+        goto done;
+    }
+    const char *descr = vals[0], *order = vals[1], *shape = vals[2];
     if (!descr || !order || !shape) {
         fail(err, errn, path, "header lacks descr, fortran_order or shape");
         goto done;
@@ -153,8 +198,7 @@ done:
     return rc;
 }
 
-int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
-                  size_t errn)
+int npy_write_f32(FILE *f, const float *data, int ndim, const int64_t *shape)
 {
     char dict[512];
     int len = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
@@ -168,11 +212,6 @@ int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *
     /* Pad so that magic (10 bytes) + dict + '\n' is a multiple of 64. */
     int total = 10 + len + 1;
     int pad = (64 - total % 64) % 64;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return snprintf(err, errn, "%s: cannot create: %s", path, strerror(errno)), -1;
     unsigned hl = (unsigned)(len + pad + 1);
     unsigned char head[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff),
                               (unsigned char)(hl >> 8)};
@@ -181,13 +220,7 @@ int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *
         ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
     ok = ok && fwrite(data, sizeof(float), (size_t)count, f) == (size_t)count;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return snprintf(err, errn, "%s: cannot write: %s", path, strerror(e)), -1;
-    }
-    return 0;
+    return ok && fflush(f) == 0 ? 0 : -1;
 }
 
 void npy_free(npy_array *a)

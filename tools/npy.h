@@ -6,6 +6,7 @@
 #define SDPA_NPY_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define NPY_MAX_DIMS 8
@@ -20,9 +21,9 @@ typedef struct npy_array {
 
 /* 0 on success; otherwise -1 and a one-line reason in err. */
 int npy_read(const char *path, npy_array *out, char *err, size_t errn);
-/* Writes atomically (temporary file, then rename): no partial file on failure. */
-int npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
-                  size_t errn);
+/* Writes a float32 C-order array to f; 0, or -1 (errno says why). Callers
+ * that must not leave a partial file write through output.h. */
+int npy_write_f32(FILE *f, const float *data, int ndim, const int64_t *shape);
 void npy_free(npy_array *a);
 
 #endif

@@ -1,4 +1,4 @@
-/* tool.h - helpers shared by the `sdpa` subcommands. */
+/* tool.h - helpers shared by the `sdpa` subcommands (tool.c). */
 #ifndef SDPA_TOOL_H
 #define SDPA_TOOL_H
 
@@ -18,6 +18,8 @@ int tool_lib_error(const char *what, sdpa_status st);
 int tool_parse_dtype(const char *s, sdpa_dtype *out);
 int tool_parse_causal(const char *s, sdpa_causal *out);
 int tool_parse_int(const char *s, long long lo, long long hi, long long *out);
+/* A finite, non-zero --scale. */
+int tool_parse_scale(const char *s, double *out);
 /* "B,Sq,Skv,Hq,Hkv,D" */
 int tool_parse_shape(const char *s, sdpa_call_desc *d);
 double tool_now_ms(void);
@@ -34,11 +36,5 @@ typedef struct tool_flag {
 
 /* 0, or the exit code after printing the problem. */
 int tool_parse_flags(int argc, char **argv, tool_flag *flags, int n);
-
-int cmd_bench(int argc, char **argv);
-int cmd_check(int argc, char **argv);
-int cmd_ab(int argc, char **argv);
-int cmd_tune(int argc, char **argv);
-int cmd_dit(int argc, char **argv);
 
 #endif

@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "suite.h"
+#include "commands.h"
 #include "tool.h"
 
 #include <errno.h>

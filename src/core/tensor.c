@@ -6,6 +6,7 @@
  * name and the expected value, and nothing has been written yet.
  */
 #include "core.h"
+#include "convert.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -75,6 +76,22 @@ sdpa_tensor sdpa_tensor_bhsd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
                              int64_t D)
 {
     return make(data, dtype, B, S, H, D, 1);
+}
+
+sdpa_status sdpa_convert(const void *src, sdpa_dtype src_dtype, void *dst, sdpa_dtype dst_dtype,
+                         size_t n)
+{
+    if (!sdpa_dtype_size(src_dtype) || !sdpa_dtype_size(dst_dtype))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is not a dtype, expected f32, f16 or bf16",
+                          sdpa_dtype_size(src_dtype) ? "dst_dtype" : "src_dtype");
+    if (n && (!src || !dst))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", src ? "dst" : "src");
+    /* Forward order, one element read before it is written: in place is
+     * safe whenever dst's elements are no wider than src's. */
+    for (size_t i = 0; i < n; i++)
+        sdpa__store_f32(dst, dst_dtype, (int64_t)i, sdpa__load_f32(src, src_dtype, (int64_t)i));
+    sdpa__clear_error();
+    return SDPA_OK;
 }
 
 /*

@@ -11,6 +11,7 @@ Prints "N passed, N failed" last.
 """
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -152,7 +153,7 @@ def expect_error(what, args, needle):
     check(needle in r.stderr, f"{what}: stderr lacks {needle!r}: {r.stderr!r}")
     check(not os.path.exists(path("o.npy")) and not os.path.exists(path("l.npy")),
           f"{what}: output file left behind")
-    leftovers = [f for f in os.listdir(tmp) if ".tmp." in f]
+    leftovers = [f for f in os.listdir(tmp) if ".sdpa-" in f]
     check(not leftovers, f"{what}: temporary files left: {leftovers}")
 
 
@@ -186,6 +187,121 @@ r = sdpa("run", *base, env={"SDPA_BACKEND": "gpu.magic"})
 check(r.returncode != 0 and "SDPA_BACKEND" in r.stderr and not os.path.exists(path("o.npy")),
       f"bad SDPA_BACKEND: {r.stderr!r}")
 
+
+
+# ---- run: outputs are written all or nothing, and no existing file is lost
+def fresh_inputs():
+    return ["--q", save("q.npy", q), "--k", save("k.npy", k), "--v", save("v.npy", v)]
+
+
+def same_bytes(p, want):
+    if not os.path.isfile(p):
+        return False
+    with open(p, "rb") as f:
+        return f.read() == want
+
+
+def no_temporaries(what):
+    leftovers = [f for f in os.listdir(tmp) if ".sdpa-" in f]
+    check(not leftovers, f"{what}: temporary files left: {leftovers}")
+
+
+old = b"precious bytes the user had"
+with open(path("keep.npy"), "wb") as f:
+    f.write(old)
+r = sdpa("run", *fresh_inputs(), "--out", path("keep.npy"), "--lse", "/nonexistent/dir/l.npy")
+check(r.returncode != 0 and same_bytes(path("keep.npy"), old),
+      f"--lse unwritable: existing --out kept: {r.stderr!r}")
+with open(path("q.npy"), "rb") as f:
+    q_bytes = f.read()
+r = sdpa("run", *fresh_inputs(), "--out", path("q.npy"), "--lse", "/nonexistent/dir/l.npy")
+check(r.returncode != 0 and same_bytes(path("q.npy"), q_bytes),
+      f"--lse unwritable: --out naming an input kept the input: {r.stderr!r}")
+r = sdpa("run", *fresh_inputs(), "--out", path("keep.npy"), "--backend", "cpu.warp")
+check(r.returncode != 0 and same_bytes(path("keep.npy"), old),
+      f"failed call: existing --out kept: {r.stderr!r}")
+r = sdpa("run", *fresh_inputs(), "--out", path("keep.npy"), "--lse", path("keep.npy"))
+check(r.returncode == 2 and "same file" in r.stderr and same_bytes(path("keep.npy"), old),
+      f"--out and --lse the same file refused: {r.stderr!r}")
+os.symlink("keep.npy", path("alias.npy"))
+r = sdpa("run", *fresh_inputs(), "--out", path("keep.npy"), "--lse", path("alias.npy"))
+check(r.returncode == 2 and "same file" in r.stderr and same_bytes(path("keep.npy"), old),
+      f"--lse a link to --out refused: {r.stderr!r}")
+r = sdpa("run", *fresh_inputs(), "--out", path("new.npy"), "--lse", path("new.npy"))
+check(r.returncode == 2 and "same file" in r.stderr and not os.path.exists(path("new.npy")),
+      f"--out and --lse one new file refused: {r.stderr!r}")
+# through a symbolic link: the target gets the output, the link stays a link
+r = sdpa("run", *fresh_inputs(), "--out", path("alias.npy"))
+check(r.returncode == 0 and os.path.islink(path("alias.npy")) and
+      np.load(path("keep.npy")).shape == q.shape, f"--out through a link: {r.stderr!r}")
+os.chmod(path("keep.npy"), 0o640)
+r = sdpa("run", *fresh_inputs(), "--out", path("keep.npy"))
+check(r.returncode == 0 and (os.stat(path("keep.npy")).st_mode & 0o777) == 0o640,
+      "a replaced file keeps its permissions")
+os.symlink("missing.npy", path("dangling.npy"))
+r = sdpa("run", *fresh_inputs(), "--out", path("dangling.npy"))
+check(r.returncode == 2 and "missing" in r.stderr and os.path.islink(path("dangling.npy")),
+      f"dangling link refused: {r.stderr!r}")
+r = sdpa("run", *fresh_inputs(), "--out", tmp)
+check(r.returncode == 2 and "directory" in r.stderr, f"directory refused: {r.stderr!r}")
+# A character device is written in place and stays one. The test makes its
+# own null device: a tool that replaced the node must not take the system's
+# /dev/null with it (as root, an earlier version did).
+try:
+    os.mknod(path("null"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+except (PermissionError, OSError) as e:
+    skipped += 1
+    print(f"SKIP --out a character device: cannot make one here ({e})")
+else:
+    r = sdpa("run", *fresh_inputs(), "--out", path("null"), "--lse", path("null"))
+    check(r.returncode == 0 and stat.S_ISCHR(os.stat(path("null")).st_mode),
+          f"--out a character device: {r.stderr!r}")
+os.mkfifo(path("pipe"))
+reader = subprocess.Popen(["cat", path("pipe")], stdout=subprocess.PIPE)
+r = sdpa("run", *fresh_inputs(), "--out", path("pipe"))
+try:
+    piped = reader.communicate(timeout=30)[0]
+except subprocess.TimeoutExpired:  # nothing was written into the pipe
+    reader.kill()
+    piped = reader.communicate()[0]
+check(r.returncode == 0 and piped[:6] == b"\x93NUMPY" and stat.S_ISFIFO(os.stat(path("pipe")).st_mode),
+      f"--out FIFO written in place: {r.stderr!r}")
+no_temporaries("outputs")
+mixed = ["--q", save("qh.npy", q.astype(np.float16)), "--k", save("k.npy", k), "--v", save("v.npy", v)]
+r = sdpa("run", *mixed, "--out", path("o.npy"))
+check(r.returncode == 2 and "--dtype" in r.stderr, f"mixed input dtypes refused: {r.stderr!r}")
+r = sdpa("run", *mixed, "--out", path("o.npy"), "--dtype", "f32")
+check(r.returncode == 0, f"mixed input dtypes with --dtype: {r.stderr!r}")
+r = sdpa("run", *fresh_inputs(), "--out", path("o.npy"), "--scale", "inf")
+check(r.returncode == 2 and "--scale" in r.stderr, f"--scale inf refused: {r.stderr!r}")
+
+# A .npy header is read as a dict: a key's name inside a string value is
+# not the key.
+def npy_with_header(name, arr, header):
+    header = header + " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    with open(path(name), "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+        f.write(arr.astype("<f4").tobytes())
+    return path(name)
+
+
+tricky = npy_with_header("tricky.npy", k, "{'descr': '<f4', 'fortran_order': False, "
+                         "'note': \"'shape': (1, 1, 1, 1)\", 'shape': (2, 29, 2, 32), }")
+r = sdpa("run", "--q", save("q.npy", q), "--k", tricky, "--v", save("v.npy", v),
+         "--out", path("o.npy"))
+check(r.returncode == 0, f".npy key inside a string value: {r.stderr!r}")
+bad = npy_with_header("bad.npy", k, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 29, 2, 32)")
+r = sdpa("run", "--q", save("q.npy", q), "--k", bad, "--v", save("v.npy", v), "--out", path("o.npy"))
+check(r.returncode == 2 and "malformed header" in r.stderr, f"unclosed .npy dict: {r.stderr!r}")
+
+# every command's usage, three ways
+for cmd in ("run", "explain", "bench", "check", "ab", "tune", "dit", "info"):
+    for args in ((cmd, "--help"), ("help", cmd)):
+        r = sdpa(*args)
+        check(r.returncode == 0 and r.stdout.startswith(f"usage: sdpa {cmd}"),
+              f"sdpa {' '.join(args)}: exit {r.returncode}: {r.stdout[:80]!r} {r.stderr!r}")
+r = sdpa("--version")
+check(r.returncode == 0 and r.stdout.startswith("sdpa "), f"--version: {r.stdout!r}")
 
 # ---- explain: the decisions named in the foundation issue
 def explain(*args):

@@ -1,0 +1,50 @@
+/* explain.c - `sdpa explain`: the dispatcher's decision for a call, and why. */
+#include "commands.h"
+#include "tool.h"
+
+#include <string.h>
+
+int cmd_explain(int argc, char **argv)
+{
+    tool_flag f[] = {{"--shape", 1, NULL},     {"--dtype", 1, NULL},     {"--causal", 1, NULL},
+                {"--lse", 0, NULL},       {"--platform", 1, NULL},  {"--quant", 1, NULL},
+                {"--component", 1, NULL}, {"--backend", 1, NULL},   {"--json", 0, NULL},
+                {"--deterministic", 0, NULL}};
+    enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, NF };
+    int rc = tool_parse_flags(argc, argv, f, NF);
+    if (rc)
+        return rc;
+    sdpa_call_desc d;
+    memset(&d, 0, sizeof d);
+    if (!f[SHAPE].value || !tool_parse_shape(f[SHAPE].value, &d))
+        return tool_usage_error("explain: --shape B,Sq,Skv,Hq,Hkv,D is required (six positive "
+                                "integers), got '%s'",
+                                f[SHAPE].value ? f[SHAPE].value : "");
+    d.device = f[PLATFORM].value && strncmp(f[PLATFORM].value, "cuda", 4) == 0 ? SDPA_DEVICE_CUDA
+                                                                              : SDPA_DEVICE_CPU;
+    d.dtype = d.device == SDPA_DEVICE_CUDA ? SDPA_BF16 : SDPA_F32;
+    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &d.dtype))
+        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &d.causal))
+        return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
+                                f[CAUSAL].value);
+    d.want_lse = f[LSE].value != NULL;
+    d.deterministic = f[DET].value != NULL;
+    d.quant = f[QUANT].value;
+    d.component = f[COMPONENT].value;
+    d.backend = f[BACKEND].value;
+    sdpa_context *ctx;
+    if ((rc = tool_context(f[PLATFORM].value, 1, &ctx)) != 0)
+        return rc;
+    char *text;
+    sdpa_status st = sdpa_explain(ctx, &d, f[JSON].value != NULL, &text);
+    if (st != SDPA_OK) {
+        rc = tool_lib_error("explain", st);
+    } else {
+        printf("%s%s", text, f[JSON].value ? "\n" : "");
+        sdpa_free(text);
+    }
+    sdpa_context_destroy(ctx);
+    return rc;
+}
+

@@ -1,0 +1,156 @@
+/*
+ * run.c - `sdpa run`: attention on .npy files.
+ *
+ * The inputs are read whole, converted to one dtype (the files' own, or
+ * --dtype), computed, and the outputs written all or nothing (output.h):
+ * a failure at any step leaves every file that existed exactly as it was,
+ * including an --out that names one of the inputs.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "commands.h"
+#include "npy.h"
+#include "output.h"
+#include "tool.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct npy_out {
+    const float *data;
+    int ndim;
+    int64_t shape[4];
+} npy_out;
+
+static int write_npy(FILE *f, const void *user, char *err, size_t errn)
+{
+    const npy_out *o = user;
+    (void)err, (void)errn; /* errno says why */
+    return npy_write_f32(f, o->data, o->ndim, o->shape);
+}
+
+static void *convert_input(const npy_array *a, sdpa_dtype dtype)
+{
+    size_t n = (size_t)a->count;
+    void *dst = malloc((n ? n : 1) * sdpa_dtype_size(dtype));
+    if (dst && sdpa_convert(a->data, a->is_f16 ? SDPA_F16 : SDPA_F32, dst, dtype, n) != SDPA_OK) {
+        free(dst);
+        dst = NULL;
+    }
+    return dst;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    tool_flag f[] = {{"--q", 1, NULL},      {"--k", 1, NULL},     {"--v", 1, NULL},
+                     {"--out", 1, NULL},    {"--lse", 1, NULL},   {"--backend", 1, NULL},
+                     {"--causal", 1, NULL}, {"--scale", 1, NULL}, {"--dtype", 1, NULL},
+                     {"--threads", 1, NULL}};
+    enum { Q, K, V, OUT, LSE, BACKEND, CAUSAL, SCALE, DTYPE, THREADS, NF };
+    static const char *const input_flag[3] = {"--q", "--k", "--v"};
+    int rc = tool_parse_flags(argc, argv, f, NF);
+    if (rc)
+        return rc;
+    for (int i = Q; i <= OUT; i++)
+        if (!f[i].value)
+            return tool_usage_error("run: %s FILE is required", f[i].name);
+    sdpa_params p = SDPA_PARAMS_DEFAULT;
+    if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &p.causal))
+        return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
+                                f[CAUSAL].value);
+    if (f[SCALE].value && !tool_parse_scale(f[SCALE].value, &p.scale))
+        return tool_usage_error("--scale '%s' is not a finite non-zero number", f[SCALE].value);
+    long long threads = 0;
+    if (f[THREADS].value && !tool_parse_int(f[THREADS].value, 1, 1024, &threads))
+        return tool_usage_error("--threads '%s' is not a number in 1..1024", f[THREADS].value);
+    sdpa_dtype dtype = SDPA_F32;
+    if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
+        return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    p.backend = f[BACKEND].value;
+
+    /* Bad output paths fail now, before any work. */
+    npy_out res[2] = {{NULL, 4, {0}}, {NULL, 3, {0}}};
+    tool_output outs[2] = {{"--out", f[OUT].value, write_npy, &res[0], "", 0, 0},
+                           {"--lse", f[LSE].value, write_npy, &res[1], "", 0, 0}};
+    const int n_outs = f[LSE].value ? 2 : 1;
+    char err[640];
+    if (tool_outputs_resolve(outs, n_outs, err, sizeof err) != 0)
+        return tool_usage_error("%s", err);
+
+    npy_array a[3];
+    memset(a, 0, sizeof a);
+    void *conv[3] = {NULL, NULL, NULL};
+    float *out = NULL, *lse = NULL;
+    sdpa_context *ctx = NULL;
+    rc = 1;
+    for (int i = 0; i < 3; i++) {
+        if (npy_read(f[Q + i].value, &a[i], err, sizeof err) != 0) {
+            rc = tool_usage_error("%s: %s", input_flag[i], err);
+            goto done;
+        }
+        if (a[i].ndim != 4) {
+            rc = tool_usage_error("%s: %s has %d dimensions, expected 4 [B, S, H, D]",
+                                  input_flag[i], f[Q + i].value, a[i].ndim);
+            goto done;
+        }
+        /* Mixed files are a mistake more often than a wish: say so. */
+        if (!f[DTYPE].value && a[i].is_f16 != a[0].is_f16) {
+            rc = tool_usage_error("%s: %s is %s but --q is %s; expected one dtype, or --dtype "
+                                  "to convert all three",
+                                  input_flag[i], f[Q + i].value, a[i].is_f16 ? "f16" : "f32",
+                                  a[0].is_f16 ? "f16" : "f32");
+            goto done;
+        }
+    }
+    if (!f[DTYPE].value)
+        dtype = a[0].is_f16 ? SDPA_F16 : SDPA_F32;
+    for (int i = 0; i < 3; i++)
+        if (!(conv[i] = convert_input(&a[i], dtype))) {
+            rc = tool_lib_error("out of memory converting inputs", SDPA_OUT_OF_MEMORY);
+            goto done;
+        }
+    const int64_t *qs = a[0].shape, *ks = a[1].shape, *vs = a[2].shape;
+    sdpa_tensor tq = sdpa_tensor_bshd(conv[0], dtype, qs[0], qs[1], qs[2], qs[3]);
+    sdpa_tensor tk = sdpa_tensor_bshd(conv[1], dtype, ks[0], ks[1], ks[2], ks[3]);
+    sdpa_tensor tv = sdpa_tensor_bshd(conv[2], dtype, vs[0], vs[1], vs[2], vs[3]);
+    out = malloc(sizeof(float) * (size_t)(a[0].count ? a[0].count : 1));
+    lse = f[LSE].value ? malloc(sizeof(float) * (size_t)(qs[0] * qs[1] * qs[2] + 1)) : NULL;
+    if (!out || (f[LSE].value && !lse)) {
+        fprintf(stderr, "sdpa: error: out of memory allocating the outputs\n");
+        goto done;
+    }
+    sdpa_tensor to = sdpa_tensor_bshd(out, SDPA_F32, qs[0], qs[1], qs[2], qs[3]);
+    if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
+        goto done;
+    rc = 1;
+    double t0 = tool_now_ms();
+    sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, lse, &p);
+    double t1 = tool_now_ms();
+    if (st != SDPA_OK) {
+        rc = tool_lib_error("run", st);
+        goto done;
+    }
+    res[0].data = out;
+    memcpy(res[0].shape, qs, sizeof res[0].shape);
+    res[1].data = lse;
+    res[1].shape[0] = qs[0], res[1].shape[1] = qs[2], res[1].shape[2] = qs[1];
+    if (tool_outputs_write(outs, n_outs, err, sizeof err) != 0) {
+        fprintf(stderr, "sdpa: error: %s (no existing file was replaced)\n", err);
+        goto done;
+    }
+    printf("backend %s  dtype %s  q [%lld, %lld, %lld, %lld]  k [%lld, %lld, %lld, %lld]  "
+           "%.3f ms\n",
+           sdpa_last_backend(), sdpa_dtype_name(dtype), (long long)qs[0], (long long)qs[1],
+           (long long)qs[2], (long long)qs[3], (long long)ks[0], (long long)ks[1],
+           (long long)ks[2], (long long)ks[3], t1 - t0);
+    rc = 0;
+done:
+    sdpa_context_destroy(ctx);
+    for (int i = 0; i < 3; i++) {
+        npy_free(&a[i]);
+        free(conv[i]);
+    }
+    free(out);
+    free(lse);
+    return rc;
+}
