@@ -364,6 +364,23 @@ const char *sdpa_override_current(void);
  * (cross-attention). All tensors on one device; out and lse must not overlap
  * any input or each other.
  *
+ * Non-finite values, on every backend (as torch's softmax treats them).
+ * Scores s_j = scale * q.k_j are formed in float32 range: a score beyond
+ * it is +-inf (ref computes in float64, then applies the same rule).
+ *   - A row with a NaN or +inf score among the keys it may see gets NaN in
+ *     all D outputs and LSE NaN (softmax of +inf is inf - inf = NaN).
+ *     NaN or Inf in q or k therefore poisons exactly the rows that read it.
+ *   - -inf scores weigh nothing; a row whose visible scores are all -inf
+ *     is a masked row: zeros and LSE -inf, as a row that sees no key.
+ *   - When terms of opposite signs overflow inside one dot product, float32
+ *     arithmetic makes the score NaN where float64 may see a huge finite
+ *     value: such rows may be NaN on one backend and +-inf-scored on
+ *     another; what rows a NaN touches is then summation-order dependent.
+ *   - NaN or Inf in v reaches, by IEEE arithmetic, the output column of
+ *     every row that may see that key; rows that may not see it (causal)
+ *     are unaffected on ref and may be NaN on the tiled kernels (0 * NaN).
+ *   Finite inputs with finite scores never give NaN, whatever the scale.
+ *
  * Errors: INVALID_ARGUMENT (nothing written), UNSUPPORTED (an explicitly
  * chosen backend cannot run this call, or no candidate can), NOT_AVAILABLE,
  * OUT_OF_MEMORY and DEVICE_ERROR from the backend that ran (never hidden),

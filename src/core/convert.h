@@ -92,10 +92,13 @@ static inline void sdpa__store_result(const sdpa_call *c, int64_t b, int64_t i, 
     sdpa_tensor *out = c->out;
     void *dst = (char *)out->data +
                 sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
-    const float mul = l > 0.0f ? (normalised ? 1.0f : 1.0f / l) : 0.0f;
+    /* l > 0: a row that saw keys; l == 0: it saw none (masked, or every
+     * score -inf); l NaN: a NaN or +inf score reached the sum (sdpa.h). */
+    const float mul = l > 0.0f ? (normalised ? 1.0f : 1.0f / l) : l == 0.0f ? 0.0f : NAN;
     sdpa__store_row(dst, out->dtype, out->stride[3], c->desc.D, mul, row);
     if (c->lse)
-        c->lse[(b * c->desc.Hq + h) * c->desc.Sq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
+        c->lse[(b * c->desc.Hq + h) * c->desc.Sq + i] =
+            l > 0.0f ? m + logf(l) : l == 0.0f ? -INFINITY : NAN;
 }
 
 /* Element pointer arithmetic in bytes. */

@@ -4,7 +4,8 @@
  * x = n ln2 + f ln2 with n integer and |f| <= 1/2; 2^f by its degree-6
  * Taylor polynomial (truncation error <= 1.2e-7 relative), 2^n through the
  * exponent bits. Within 3e-7 relative of expf on [-87, 0]; below -87 the
- * result is a tiny normal number (~1e-38), zero for softmax purposes.
+ * result is a tiny normal number (~1e-38), zero for softmax purposes;
+ * -inf gives the same and NaN gives NaN (the NaN rules in sdpa.h).
  * The rounding trick (t + 1.5 * 2^23 - 1.5 * 2^23) needs strict IEEE
  * evaluation: files including this must not be built with -ffast-math.
  */
@@ -16,9 +17,10 @@
 
 static inline float sdpa__exp_nonpos(float x)
 {
-    x = x < -87.0f ? -87.0f : x;
+    x = x < -87.0f ? -87.0f : x; /* -inf too; NaN passes through */
     float t = x * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f;
+    float r = t + 12582912.0f; /* 1.5 * 2^23 + n: n sits in the low bits */
+    float n = r - 12582912.0f;
     float f = t - n;
     float p = 1.5403530e-4f;
     p = p * f + 1.3333558e-3f;
@@ -27,7 +29,12 @@ static inline float sdpa__exp_nonpos(float x)
     p = p * f + 2.4022651e-1f;
     p = p * f + 6.9314718e-1f;
     p = p * f + 1.0f;
-    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    /* 2^n from r's bits in unsigned arithmetic: defined for every input
+     * (a float-to-int conversion of NaN would be undefined behaviour);
+     * for NaN the polynomial is NaN and so is the result. */
+    uint32_t rbits;
+    memcpy(&rbits, &r, sizeof rbits);
+    uint32_t bits = (rbits - 0x4b400000u + 127u) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;

@@ -12,6 +12,7 @@
 #include "../core/convert.h"
 #include "../dispatch/backend.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -43,14 +44,29 @@ static void ref_task(void *arg, int64_t task, int worker)
             int64_t last = i + offset;
             n_keys = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
         }
+        /* Scores beyond float32's range are +-inf, as the kernels form
+         * them (sdpa.h, non-finite values); a NaN or +inf one poisons the
+         * row, and -inf ones weigh nothing. */
         double max = -INFINITY;
+        int poisoned = 0;
         for (int64_t j = 0; j < n_keys; j++) {
             double dot = 0.0;
             for (int64_t e = 0; e < d->D; e++)
                 dot += load(c->q, b, i, h, e) * load(c->k, b, j, hk, e);
-            score[j] = c->scale * dot;
-            if (score[j] > max)
-                max = score[j];
+            double s = c->scale * dot;
+            s = s > FLT_MAX ? INFINITY : s < -FLT_MAX ? -INFINITY : s;
+            score[j] = s;
+            poisoned |= s != s || s == INFINITY;
+            if (s > max)
+                max = s;
+        }
+        if (poisoned || max == -INFINITY) { /* NaN row, or a row that sees nothing */
+            const float o = poisoned ? NAN : 0.0f;
+            for (int64_t e = 0; e < d->D; e++)
+                sdpa__store_f32(c->out->data, c->out->dtype, sdpa__offset(c->out, b, i, h, e), o);
+            if (c->lse)
+                c->lse[(b * d->Hq + h) * d->Sq + i] = poisoned ? NAN : -INFINITY;
+            continue;
         }
         double sum = 0.0;
         for (int64_t j = 0; j < n_keys; j++) {
@@ -62,12 +78,11 @@ static void ref_task(void *arg, int64_t task, int worker)
         for (int64_t j = 0; j < n_keys; j++)
             for (int64_t e = 0; e < d->D; e++)
                 acc[e] += score[j] * load(c->v, b, j, hk, e);
-        /* A row that sees no key at all: zeros and LSE = -inf (see sdpa.h). */
         for (int64_t e = 0; e < d->D; e++)
             sdpa__store_f32(c->out->data, c->out->dtype, sdpa__offset(c->out, b, i, h, e),
-                            n_keys ? (float)(acc[e] / sum) : 0.0f);
+                            (float)(acc[e] / sum));
         if (c->lse)
-            c->lse[(b * d->Hq + h) * d->Sq + i] = n_keys ? (float)(max + log(sum)) : -INFINITY;
+            c->lse[(b * d->Hq + h) * d->Sq + i] = (float)(max + log(sum));
     }
 }
 

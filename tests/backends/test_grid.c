@@ -23,11 +23,13 @@ static sdpa_context *ctx1, *ctx2; /* 1 and 2 threads */
 
 static void describe(const tl_case *c, char *buf, size_t n)
 {
-    snprintf(buf, n, "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s out=%s causal=%s %s%s",
+    snprintf(buf, n,
+             "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s out=%s causal=%s %s%s %s "
+             "scale=%g",
              (long long)c->B, (long long)c->Sq, (long long)c->Skv, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->D, sdpa_dtype_name(c->dtype),
              sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal), tl_layout_name(c->layout),
-             c->want_lse ? " lse" : "");
+             c->want_lse ? " lse" : "", tl_values_name(c->values), tl_case_scale(c));
 }
 
 static int run(sdpa_context *ctx, const char *backend, const tl_problem *p, tl_output *o)
@@ -35,6 +37,7 @@ static int run(sdpa_context *ctx, const char *backend, const tl_problem *p, tl_o
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.backend = backend;
     prm.causal = p->c.causal;
+    prm.scale = tl_case_scale(&p->c);
     return sdpa_forward(ctx, &p->q, &p->k, &p->v, &o->t, o->lse, &prm);
 }
 
@@ -46,6 +49,33 @@ static sdpa_backend_info info(const char *backend)
             return b;
     memset(&b, 0, sizeof b);
     return b;
+}
+
+/* Does the backend claim the case (capabilities and check())? If not,
+ * why, in why[]. A claimed case must run: refusing it is a failure. */
+static int claims(const char *backend, const tl_case *c, char *why, size_t n)
+{
+    sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
+                        c->causal, c->want_lse, 0, backend, NULL, NULL};
+    static _Thread_local sdpa_decision dec;
+    if (sdpa_decide(ctx2, &d, &dec) != SDPA_OK)
+        return snprintf(why, n, "%s", sdpa_last_error()), 0;
+    if (dec.n_candidates == 1)
+        return 1;
+    snprintf(why, n, "%s", dec.error);
+    return 0;
+}
+
+/* Largest |error| a case may show, relative to max |ref|: the rounding of
+ * the stored output and f32 accumulation, more for bf16 products, and for
+ * peaked softmaxes the float32 rounding of large scores (|s| ~ 100: a
+ * relative 2^-24 of each of D products moves a weight by ~|s| 2^-22). */
+static double relative_tolerance(const tl_case *c, int product_bits)
+{
+    double tol = tl_tolerance(c->dtype, c->out_dtype) + tl_product_tolerance(product_bits);
+    if (c->values == TL_PEAKED)
+        tol += 8.0 * (double)c->D * ldexp(1.0, -22);
+    return tol;
 }
 
 /* One case: backend vs ref, then determinism across thread counts. A
@@ -77,17 +107,30 @@ static void check_case(const char *backend, const tl_case *case_in)
         CHECK(0, "%s: out of memory", what);
         return;
     }
-    tl_problem pr = p; /* the reference reads the same inputs */
+    /* The reference reads the same inputs, or, for a kernel whose products
+     * take bf16 operands, the f16 inputs as that kernel rounds them (its
+     * documented precision: f16 -> bf16 costs 3 bits of every score). */
+    tl_problem pr = p, rounded;
+    const int round_inputs = bi.product_bits == 8 && c->dtype == SDPA_F16;
+    if (round_inputs) {
+        if (!tl_problem_rounded(&rounded, &p, SDPA_BF16)) {
+            CHECK(0, "%s: out of memory", what);
+            return;
+        }
+        pr = rounded;
+    }
     pr.c = rc;
     if (!tl_output_make(&want, &pr)) {
         CHECK(0, "%s: out of memory", what);
         return;
     }
-    sdpa_status st = run(ctx2, backend, &p, &got);
-    if (st == SDPA_UNSUPPORTED) {
+    char refusal[512];
+    const int claimed = claims(backend, c, refusal, sizeof refusal);
+    sdpa_status st = claimed ? run(ctx2, backend, &p, &got) : SDPA_UNSUPPORTED;
+    if (!claimed) {
         char buf[400];
         snprintf(buf, sizeof buf, "%s %s", backend, what);
-        tl_skip(buf, sdpa_last_error());
+        tl_skip(buf, refusal);
     } else {
         CHECK(st == SDPA_OK, "%s %s: %s: %s", backend, what, sdpa_status_string(st),
               sdpa_last_error());
@@ -97,12 +140,24 @@ static void check_case(const char *backend, const tl_case *case_in)
             int64_t at = -1;
             double diff = tl_max_diff(&got, &want, &at);
             const int bits = bi.product_bits;
-            double tol = tl_tolerance(c->dtype, c->out_dtype) + tl_product_tolerance(bits);
+            /* Absolute (inputs are in [-1, 1), so |out| <= 1) and relative
+             * to the reference's magnitude (outputs far below 1, as in
+             * flat softmaxes over many keys, must not hide in the
+             * absolute bound: zeros would pass it). */
+            const double tol = relative_tolerance(c, bits), scale = tl_max_abs(&want);
             CHECK(diff <= tol, "%s %s: max |out - ref| = %.3g > %.3g at element %lld", backend,
                   what, diff, tol, (long long)at);
+            CHECK(diff <= 4 * tol * scale || scale == 0,
+                  "%s %s: max |out - ref| / max |ref| = %.3g > %.3g", backend, what,
+                  diff / scale, 4 * tol);
+            if (getenv("SDPA_TEST_VERBOSE"))
+                printf("  %s %s: abs %.3g (tol %.3g) rel %.3g\n", backend, what, diff, tol,
+                       scale ? diff / scale : 0.0);
             if (c->want_lse) {
                 double ld = tl_max_lse_diff(&got, &want, c->B, c->Hq, c->Sq);
-                CHECK(ld <= 2e-5 * (1 + sqrt((double)c->Skv)) + tl_product_tolerance(bits),
+                const double peaked = c->values == TL_PEAKED ? 512.0 * ldexp(1.0, -22) : 0;
+                CHECK(ld <= 2e-5 * (1 + sqrt((double)c->Skv)) + tl_product_tolerance(bits) +
+                               peaked,
                       "%s %s: max |lse - ref| = %.3g", backend, what, ld);
             }
             CHECK(tl_output_check(&got, why, sizeof why), "%s %s: %s", backend, what, why);
@@ -117,11 +172,50 @@ static void check_case(const char *backend, const tl_case *case_in)
     tl_output_free(&got);
     tl_output_free(&want);
     tl_problem_free(&p);
+    if (round_inputs)
+        tl_problem_free(&rounded);
+}
+
+/* The softmax is an argmax here, and which of two near-equal scores is
+ * the largest depends on float32 rounding, so the output is checked for
+ * what must hold whatever the order: finite, within the range of v (a
+ * convex combination), and LSE equal to the largest score to within
+ * float32 rounding. */
+static void huge_scale_case(const char *backend, const tl_case *c)
+{
+    char what[256], why[512];
+    describe(c, what, sizeof what);
+    if (!claims(backend, c, why, sizeof why)) {
+        char buf[400];
+        snprintf(buf, sizeof buf, "%s %s", backend, what);
+        tl_skip(buf, why);
+        return;
+    }
+    tl_problem p;
+    tl_output got, want;
+    if (!tl_problem_make(&p, c) || !tl_output_make(&got, &p) || !tl_output_make(&want, &p)) {
+        CHECK(0, "%s: out of memory", what);
+        return;
+    }
+    CHECK_STATUS(run(ctx2, backend, &p, &got), SDPA_OK);
+    CHECK_STATUS(run(ctx2, "ref", &p, &want), SDPA_OK);
+    int bad_out = 0, bad_lse = 0;
+    for (int64_t s = 0; s < c->Sq; s++)
+        for (int64_t h = 0; h < c->Hq; h++)
+            for (int64_t d = 0; d < c->D; d++) {
+                float x = tl_out_get(&got.t, 0, s, h, d);
+                bad_out += !(fabsf(x) <= 1.0f + 1e-5f);
+            }
+    for (int64_t i = 0; i < c->Hq * c->Sq; i++)
+        bad_lse += !(fabs(got.lse[i] - want.lse[i]) <= 1e-4 * fabs(want.lse[i]));
+    CHECK(bad_out == 0 && bad_lse == 0, "%s %s: %d outputs outside [-1, 1], %d LSE off",
+          backend, what, bad_out, bad_lse);
+    tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
 }
 
 static tl_case mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D)
 {
-    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
     return c;
 }
 
@@ -174,6 +268,31 @@ static void grid(const char *backend)
             }
     c = mk(1, 1, 1, 1, 1, 32); /* one token */
     check_case(backend, &c);
+    /* Peaked softmaxes: scores around +-100, so the max subtraction, the
+     * exp's range and large running-max jumps between key blocks matter. */
+    for (int causal = 0; causal <= 2; causal++) {
+        c = mk(2, 129, 300, 2, 1, 64);
+        c.values = TL_PEAKED, c.causal = (sdpa_causal)causal;
+        check_case(backend, &c);
+    }
+    c = mk(1, 77, 513, 2, 2, 128);
+    c.values = TL_PEAKED, c.dtype = SDPA_BF16, c.out_dtype = SDPA_BF16, c.layout = TL_STRIDED;
+    check_case(backend, &c);
+    /* Non-finite values and overflowing scores (the rules in sdpa.h). */
+    for (int v = TL_NAN_Q; v < TL_VALUES_COUNT; v++)
+        for (int in = 0; in < SDPA_DTYPE_COUNT; in += 2) /* f32, bf16 */
+            for (int causal = 0; causal <= 1; causal++) {
+                if (v == TL_INF_V && causal) /* masked rows may see 0 * inf: unspecified */
+                    continue;
+                c = mk(2, 70, 133, 2, 2, 64);
+                c.values = (tl_values)v, c.dtype = (sdpa_dtype)in;
+                c.causal = (sdpa_causal)causal;
+                check_case(backend, &c);
+            }
+    /* A huge finite scale: no undefined behaviour, the largest score wins. */
+    c = mk(1, 40, 70, 2, 2, 64);
+    c.scale = 1e30;
+    huge_scale_case(backend, &c);
 }
 
 /* The checker itself must catch a wrong answer and a clobbered guard. */

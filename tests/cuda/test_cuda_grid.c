@@ -141,12 +141,12 @@ int main(void)
         }
         printf("== %s\n", names[n]);
         const tl_case cases[] = {
-            {1, 128, 128, 4, 4, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE, TL_BSHD, 1},
-            {2, 257, 77, 8, 2, 128, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1},
-            {1, 513, 513, 4, 4, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_TOP_LEFT, TL_BHSD, 1},
-            {1, 100, 300, 4, 1, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_BOTTOM_RIGHT, TL_STRIDED, 1},
-            {1, 33, 33, 2, 2, 72, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1},
-            {1, 1, 1, 1, 1, 64, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1},
+            {1, 128, 128, 4, 4, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
+            {2, 257, 77, 8, 2, 128, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
+            {1, 513, 513, 4, 4, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_TOP_LEFT, TL_BHSD, 1, TL_UNIFORM, 0},
+            {1, 100, 300, 4, 1, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_BOTTOM_RIGHT, TL_STRIDED, 1, TL_UNIFORM, 0},
+            {1, 33, 33, 2, 2, 72, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
+            {1, 1, 1, 1, 1, 64, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
         };
         /* cuDNN must itself serve the first, known-good shape (not a skip, not
          * a fallback: the backend is named); cuda.flash claims every case. */
@@ -154,7 +154,7 @@ int main(void)
             check_case(names[n], "ref", cases[c], (n == 0 && c == 0) || n == 1);
         if (unfused_present && n != 2) {
             tl_case big = {1, 4096, 4096, 8, 8, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE,
-                           TL_BSHD, 1};
+                           TL_BSHD, 1, TL_UNIFORM, 0};
             check_case(names[n], "cuda.unfused", big, n == 1);
         }
     }

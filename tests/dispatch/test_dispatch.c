@@ -307,7 +307,7 @@ typedef struct run_setup {
 
 static void setup(run_setup *r, sdpa_context *ctx, int lse)
 {
-    tl_case c = {1, 70, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, lse};
+    tl_case c = {1, 70, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, lse, TL_UNIFORM, 0};
     tl_problem_make(&r->p, &c);
     tl_output_make(&r->out, &r->p);
     tl_output_make(&r->ref, &r->p);
@@ -744,7 +744,7 @@ typedef struct pool_arg {
 static void *pool_thread(void *raw)
 {
     pool_arg *a = raw;
-    tl_case c = {1, 90, 70, 4, 2, 64, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+    tl_case c = {1, 90, 70, 4, 2, 64, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
     a->ok = 1;
     for (int i = 0; i < 4; i++) {
         double diff;
@@ -824,7 +824,7 @@ static void max_isa_bf16(const sdpa_platform *host)
         sdpa_context *ctx = capped_context(caps[i].level);
         if (!ctx)
             continue;
-        tl_case c = {1, 70, 45, 4, 2, 32, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1};
+        tl_case c = {1, 70, 45, 4, 2, 32, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
         double diff;
         char ran[64];
         CHECK_STATUS(tl_run_against_ref(ctx, NULL, &c, &diff, ran, sizeof ran), SDPA_OK);

@@ -78,6 +78,59 @@ int tl_guard_intact(const void *p, size_t bytes)
 
 void tl_free_guarded(void *p) { free(p); }
 
+const char *tl_values_name(tl_values v)
+{
+    static const char *const names[TL_VALUES_COUNT] = {
+        "uniform", "peaked", "nan-in-q", "nan-in-k", "inf-in-v", "overflow+inf", "overflow-inf"};
+    return v < TL_VALUES_COUNT ? names[v] : "?";
+}
+
+double tl_case_scale(const tl_case *c) { return c->scale ? c->scale : c->values == TL_PEAKED; }
+
+/* Writes element (b, s, h, d) of a view as x. */
+static void put(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d, double x);
+
+/* Rewrites the uniform inputs into the case's pattern (tl_values). */
+static void apply_values(tl_problem *p)
+{
+    const tl_case *c = &p->c;
+    const sdpa_tensor *ts[3] = {&p->q, &p->k, &p->v};
+    for (int i = 0; i < 3; i++) {
+        const sdpa_tensor *t = ts[i];
+        for (int64_t b = 0; b < t->size[0]; b++)
+            for (int64_t s = 0; s < t->size[1]; s++)
+                for (int64_t h = 0; h < t->size[2]; h++)
+                    for (int64_t d = 0; d < t->size[3]; d++) {
+                        double x = tl_out_get(t, b, s, h, d), y = x;
+                        if (c->values == TL_PEAKED && i == 0)
+                            y = 8 * x;
+                        /* overflow: q > 0; k of key 0 > 0 (+inf for every
+                         * query) or every k < 0 (-inf everywhere) */
+                        if (c->values == TL_OVERFLOW_POS && i < 2)
+                            y = 1e30 * (i == 0 || s == 0 ? 0.5 + fabs(x) : x);
+                        if (c->values == TL_OVERFLOW_NEG && i < 2)
+                            y = 1e30 * (i == 0 ? 0.5 + fabs(x) : -0.5 - fabs(x));
+                        if (y != x)
+                            put(t, b, s, h, d, y);
+                    }
+    }
+    const int64_t last = c->Sq - 1, mid = c->Sq / 2;
+    for (int64_t b = 0; b < c->B; b++) {
+        if (c->values == TL_NAN_Q)
+            for (int64_t h = 0; h < c->Hq; h++) {
+                put(&p->q, b, 0, h, c->D - 1, NAN);
+                put(&p->q, b, mid, h, 0, NAN);
+                put(&p->q, b, last, h, c->D / 2, NAN);
+            }
+        if (c->values == TL_NAN_K && c->Skv > 2)
+            for (int64_t h = 0; h < c->Hkv; h++)
+                put(&p->k, b, 2, h, 0, NAN);
+        if (c->values == TL_INF_V && c->Skv > 1)
+            for (int64_t h = 0; h < c->Hkv; h++)
+                put(&p->v, b, 1, h, 0, INFINITY);
+    }
+}
+
 const char *tl_layout_name(tl_layout l)
 {
     return l == TL_BSHD ? "bshd" : l == TL_BHSD ? "bhsd" : "strided";
@@ -91,6 +144,12 @@ static void store(void *base, sdpa_dtype t, int64_t i, double x)
         ((uint16_t *)base)[i] = sdpa__f32_to_f16((float)x);
     else
         ((uint16_t *)base)[i] = sdpa__f32_to_bf16((float)x);
+}
+
+static void put(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d, double x)
+{
+    store(t->data, t->dtype,
+          b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + d * t->stride[3], x);
 }
 
 float tl_out_get(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d)
@@ -148,6 +207,27 @@ int tl_problem_make(tl_problem *p, const tl_case *c)
             store(p->qkv_mem[i], c->dtype, (int64_t)e, tl_uniform());
         *ts[i] = layout_tensor(p->qkv_mem[i], c->dtype, c->B, S, H, c->D, c->layout, &bytes);
     }
+    if (c->values != TL_UNIFORM)
+        apply_values(p);
+    return 1;
+}
+
+int tl_problem_rounded(tl_problem *dst, const tl_problem *src, sdpa_dtype t)
+{
+    tl_case c = src->c;
+    c.dtype = t;
+    c.values = TL_UNIFORM;
+    if (!tl_problem_make(dst, &c))
+        return 0;
+    dst->c = src->c;
+    const sdpa_tensor *from[3] = {&src->q, &src->k, &src->v};
+    const sdpa_tensor *to[3] = {&dst->q, &dst->k, &dst->v};
+    for (int i = 0; i < 3; i++)
+        for (int64_t b = 0; b < from[i]->size[0]; b++)
+            for (int64_t s = 0; s < from[i]->size[1]; s++)
+                for (int64_t h = 0; h < from[i]->size[2]; h++)
+                    for (int64_t d = 0; d < from[i]->size[3]; d++)
+                        put(to[i], b, s, h, d, tl_out_get(from[i], b, s, h, d));
     return 1;
 }
 
@@ -257,9 +337,14 @@ double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where)
         for (int64_t i1 = 0; i1 < x->size[1]; i1++)
             for (int64_t i2 = 0; i2 < x->size[2]; i2++)
                 for (int64_t i3 = 0; i3 < x->size[3]; i3++, n++) {
-                    double d = fabs((double)tl_out_get(x, i0, i1, i2, i3) -
-                                    (double)tl_out_get(y, i0, i1, i2, i3));
-                    if (!(d <= worst)) { /* NaN counts as worst */
+                    const double u = tl_out_get(x, i0, i1, i2, i3);
+                    const double w = tl_out_get(y, i0, i1, i2, i3);
+                    double d;
+                    if (isfinite(u) && isfinite(w))
+                        d = fabs(u - w);
+                    else /* non-finite must match exactly */
+                        d = (isnan(u) && isnan(w)) || u == w ? 0.0 : INFINITY;
+                    if (!(d <= worst)) {
                         worst = isnan(d) ? INFINITY : d;
                         if (where)
                             *where = n;
@@ -273,8 +358,8 @@ double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_
     double worst = 0;
     for (int64_t i = 0; i < B * Hq * Sq; i++) {
         float x = a->lse[i], y = b->lse[i];
-        if (isinf(x) || isinf(y)) {
-            if (x != y)
+        if (!isfinite(x) || !isfinite(y)) {
+            if (!((isnan(x) && isnan(y)) || x == y))
                 return INFINITY;
             continue;
         }
@@ -283,6 +368,21 @@ double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_
             worst = isnan(d) ? INFINITY : d;
     }
     return worst;
+}
+
+double tl_max_abs(const tl_output *o)
+{
+    const sdpa_tensor *t = &o->t;
+    double m = 0;
+    for (int64_t b = 0; b < t->size[0]; b++)
+        for (int64_t s = 0; s < t->size[1]; s++)
+            for (int64_t h = 0; h < t->size[2]; h++)
+                for (int64_t d = 0; d < t->size[3]; d++) {
+                    double x = fabs(tl_out_get(t, b, s, h, d));
+                    if (isfinite(x) && x > m)
+                        m = x;
+                }
+    return m;
 }
 
 int tl_log_warnings;
@@ -325,6 +425,7 @@ sdpa_status tl_run_against_ref(sdpa_context *ctx, const char *backend, const tl_
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.backend = backend;
     prm.causal = c->causal;
+    prm.scale = tl_case_scale(c);
     sdpa_status st = sdpa_forward(ctx, &p.q, &p.k, &p.v, &got.t, got.lse, &prm);
     if (st == SDPA_OK) {
         snprintf(ran, n, "%s", sdpa_last_backend());

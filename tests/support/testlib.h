@@ -51,6 +51,19 @@ void tl_free_guarded(void *p);
 typedef enum tl_layout { TL_BSHD, TL_BHSD, TL_STRIDED } tl_layout;
 const char *tl_layout_name(tl_layout l);
 
+/* What the inputs hold beyond uniform [-1, 1) (tl_problem_make). */
+typedef enum tl_values {
+    TL_UNIFORM = 0,  /* flat softmaxes                                          */
+    TL_PEAKED,       /* q x 8 and scale 1: scores around +-100, large max jumps  */
+    TL_NAN_Q,        /* NaN in q at three rows: those rows NaN                  */
+    TL_NAN_K,        /* NaN in k at key 2: the rows that see it NaN            */
+    TL_INF_V,        /* +inf in v at key 1, column 0                            */
+    TL_OVERFLOW_POS, /* |q|, |k| ~ 1e30, key 0 aligned with every q: +inf, NaN  */
+    TL_OVERFLOW_NEG, /* |q|, |k| ~ 1e30, every score -inf: masked rows          */
+    TL_VALUES_COUNT
+} tl_values;
+const char *tl_values_name(tl_values v);
+
 typedef struct tl_case {
     int64_t B, Sq, Skv, Hq, Hkv, D;
     sdpa_dtype dtype;     /* inputs */
@@ -58,6 +71,8 @@ typedef struct tl_case {
     sdpa_causal causal;
     tl_layout layout;
     int want_lse;
+    tl_values values;     /* default TL_UNIFORM                    */
+    double scale;         /* 0: 1/sqrt(D), except TL_PEAKED: 1     */
 } tl_case;
 
 typedef struct tl_problem {
@@ -70,6 +85,9 @@ typedef struct tl_problem {
 /* Fresh random inputs in [-1, 1) (strided: a slice of a wider buffer). */
 int tl_problem_make(tl_problem *p, const tl_case *c);
 void tl_problem_free(tl_problem *p);
+/* The same problem with every input rounded to dtype t (what a kernel
+ * whose products take t operands computes from). */
+int tl_problem_rounded(tl_problem *dst, const tl_problem *src, sdpa_dtype t);
 
 /* An output tensor for the problem, with guard bytes; strided layouts leave
  * gaps filled with a pattern that tl_output_check verifies untouched. */
@@ -94,10 +112,16 @@ double tl_tolerance(sdpa_dtype in, sdpa_dtype out);
  * significand bits (sdpa_backend_info.product_bits; 0: none). */
 double tl_product_tolerance(int bits);
 
-/* Max |a - b| over outputs and over LSE (rows with -inf LSE must match). */
+/* Max |a - b| over outputs and over LSE. Non-finite values must match
+ * exactly (NaN with NaN, +-inf with the same infinity), else the result is
+ * infinite. */
 double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where);
 double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_t Hq,
                        int64_t Sq);
+/* Max |x| over the finite elements of an output (the scale of errors). */
+double tl_max_abs(const tl_output *o);
+/* The scale a case runs with (what the call's params.scale gets). */
+double tl_case_scale(const tl_case *c);
 
 /*
  * Runs case c on ctx with the dispatcher's choice (backend NULL) or the

@@ -196,7 +196,7 @@ static void accumulate(const amx_job *jb, const amx_workspace *w, const amx_qblo
  * error 7.5e-5). x <= -160 gives exactly 0, so -inf (masked) adds nothing. */
 static inline __m512 exp2_bf16_accurate(__m512 x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+    x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x); /* x second: NaN stays NaN */
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(0.0551716648f);

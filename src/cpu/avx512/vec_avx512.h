@@ -25,7 +25,7 @@ typedef __m512 vec;
 
 static inline __m512 exp512(__m512 x)
 {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-110.0f));
+    x = _mm512_max_ps(_mm512_set1_ps(-110.0f), x); /* x second: NaN stays NaN */
     const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);

@@ -39,6 +39,14 @@ enum { BR = 256 };
     float mx = -INFINITY;                                                                          \
     for (int64_t j = 0; j < n_vis; j++)                                                            \
         mx = s[j] > mx ? s[j] : mx;                                                                \
+    if (mx == -INFINITY) { /* no key, all -inf (masked) or all NaN: rare */                        \
+        float l0 = 0.0f;                                                                           \
+        for (int64_t j = 0; j < n_vis; j++)                                                        \
+            l0 = s[j] != s[j] ? NAN : l0;                                                          \
+        memset(s, 0, sizeof(float) * (size_t)n);                                                   \
+        *m = mx;                                                                                   \
+        return l0;                                                                                 \
+    }                                                                                              \
     float sum = 0.0f;                                                                              \
     for (int64_t j = 0; j < n_vis; j++) {                                                          \
         s[j] = sdpa__exp_nonpos(s[j] - mx);                                                        \

@@ -106,6 +106,11 @@ static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t l
         for (int j = 0; j < n_cols; j++)
             mx = srow[j] > mx ? srow[j] : mx;
         if (n_cols == 0 || mx == -INFINITY) {
+            /* Nothing to add, unless the max skipped NaN scores: then the
+             * row is NaN (the NaN rules in sdpa.h). Rare, so checked here. */
+            for (int j = 0; j < n_cols; j++)
+                if (srow[j] != srow[j])
+                    w->l[i] = NAN;
             memset(srow, 0, sizeof(float) * BK);
             continue;
         }
