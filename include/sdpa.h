@@ -558,7 +558,7 @@ sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_in
 
 /* ---------------------------------------------------------------- evidence */
 
-/* Median of x[0..n-1] (n >= 1); x is not modified. */
+/* Median of x[0..n-1]; x is not modified. NaN when n < 1. */
 double sdpa_median(const double *x, int n);
 
 typedef enum sdpa_ab_verdict {
@@ -579,7 +579,8 @@ typedef struct sdpa_ab_result {
  * The interval resamples rounds with replacement (2000 resamples, fixed
  * seed: the same samples always give the same answer). A verdict other
  * than TIE needs the interval to exclude 1 and the ratio to differ from 1
- * by at least min_gain (0.02 = 2%).
+ * by at least min_gain (0.02 = 2%). With n < 1 every figure is NaN and
+ * the verdict TIE.
  */
 void sdpa_ab_compare(const double *a, const double *b, int n, double min_gain,
                      sdpa_ab_result *out);

@@ -3,6 +3,11 @@
  * per-component and scoped overrides, backend listing.
  */
 #include "context.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "../cuda/plugin.h"
 
 #include <stdio.h>
@@ -197,17 +202,47 @@ sdpa_status sdpa_context_load_policy_text(sdpa_context *ctx, const char *text, c
     return st;
 }
 
+/* Rule files are a few KiB; a larger one is a mistake (or not a rule file). */
+#define SDPA_POLICY_MAX_BYTES (1 << 20)
+
 sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
 {
     if (!ctx || !path)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "path" : "ctx");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' cannot be opened", path);
+    /* Non-blocking open, so a FIFO is refused rather than waited on; only
+     * regular files of at most SDPA_POLICY_MAX_BYTES are read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' cannot be opened: %s", path,
+                          strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "policy file '%s' is not a regular file, expected a rule file", path);
+    }
+    if (sb.st_size > SDPA_POLICY_MAX_BYTES) {
+        close(fd);
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "policy file '%s' has %lld bytes, expected at most %d", path,
+                          (long long)sb.st_size, SDPA_POLICY_MAX_BYTES);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "policy file '%s': cannot allocate", path);
+    }
     char *text = NULL;
     size_t len = 0, cap = 0, n;
     char chunk[4096];
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (len + n > SDPA_POLICY_MAX_BYTES) { /* grew while being read */
+            free(text);
+            fclose(f);
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "policy file '%s' is longer than %d bytes, expected at most that",
+                              path, SDPA_POLICY_MAX_BYTES);
+        }
         if (len + n + 1 > cap) {
             cap = (len + n + 1) * 2;
             char *t = realloc(text, cap);

@@ -19,6 +19,8 @@
  */
 #include "policy.h"
 
+#include <errno.h>
+
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,7 +74,11 @@ static int parse_atom(const char *s, int is_cc, sdpa_range *out)
     char *end;
     if (!isdigit((unsigned char)*s))
         return 0;
+    errno = 0;
     long long v = strtoll(s, &end, 10);
+    /* Beyond 2^62 no size is real, and ">N" must be able to add one. */
+    if (errno == ERANGE || v > (1ll << 62))
+        return 0;
     if (!is_cc) {
         if (*end)
             return 0;
@@ -364,6 +370,13 @@ sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_k
                 break;
             if (!*s || strpbrk(s, " \t")) {
                 st = perr(&ps, "'rule' needs one name without spaces, got '%s'%s", s, "");
+                break;
+            }
+            if (strlen(s) >= sizeof pol->rules[0].name) {
+                char limit[64];
+                snprintf(limit, sizeof limit, "%zu characters, expected at most %zu",
+                         strlen(s), sizeof pol->rules[0].name - 1);
+                st = perr(&ps, "rule name '%s' has %s", s, limit);
                 break;
             }
             for (int i = 0; i < pol->n; i++)

@@ -4,6 +4,7 @@
  */
 #include "../core/core.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,8 @@ static int cmp_double(const void *a, const void *b)
 
 double sdpa_median(const double *x, int n)
 {
+    if (n <= 0 || !x)
+        return NAN;
     double small[64], *tmp = n <= 64 ? small : malloc(sizeof(double) * (size_t)n);
     if (!tmp)
         return x[0];
@@ -31,6 +34,11 @@ void sdpa_ab_compare(const double *a, const double *b, int n, double min_gain,
 {
     enum { RESAMPLES = 2000 };
     memset(out, 0, sizeof *out);
+    if (n <= 0 || !a || !b) { /* nothing measured: no interval, no verdict */
+        out->median_a = out->median_b = out->ratio = out->lo = out->hi = NAN;
+        out->verdict = SDPA_AB_TIE;
+        return;
+    }
     out->median_a = sdpa_median(a, n);
     out->median_b = sdpa_median(b, n);
     out->ratio = out->median_b / out->median_a;

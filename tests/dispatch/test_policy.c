@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int known(const char *name, void *user)
@@ -45,6 +46,15 @@ static void test_errors(void)
     expect_error("rule a\ndevice tpu\ntry ref\nevidence x\n", "device 'tpu' unknown");
     expect_error("rule a\nisa sse9\ntry ref\nevidence x\n", "isa 'sse9' unknown");
     expect_error("rule a\ntry ref\nevidence\n", "evidence is empty");
+    /* numbers beyond 64 bits (they used to saturate, and '>' then
+     * overflowed) and beyond any real size are rejected with file:line */
+    expect_error("rule a\nSq >99999999999999999999\ntry ref\nevidence x\n", "my.rules:2:");
+    expect_error("rule a\nSq >9223372036854775807\ntry ref\nevidence x\n", "not a range");
+    expect_error("rule a\nB 1-99999999999999999999\ntry ref\nevidence x\n", "not a range");
+    /* a name that would be truncated (two such names collided) */
+    expect_error("rule a234567890123456789012345678901234567890123456789012345678901234\n"
+                 "try ref\nevidence x\n",
+                 "expected at most 63");
 }
 
 static sdpa_call_desc call(sdpa_device_kind dev, int64_t B, int64_t S, int64_t D)
@@ -53,6 +63,53 @@ static sdpa_call_desc call(sdpa_device_kind dev, int64_t B, int64_t S, int64_t D
     memset(&d, 0, sizeof d);
     d.device = dev, d.dtype = SDPA_BF16, d.B = B, d.Sq = d.Skv = S, d.Hq = d.Hkv = 8, d.D = D;
     return d;
+}
+
+/* Rule names and evidence reach explain's JSON whatever bytes they hold. */
+static void test_json_escaping(void)
+{
+    sdpa_context *ctx = tl_context(NULL);
+    CHECK_STATUS(sdpa_context_load_policy_text(
+                     ctx, "rule bad\xff\xc3(name\ndevice cpu\ntry ref\nevidence caf\xc3\xa9 \xed\xa0\x80\n",
+                     "u.rules"),
+                 SDPA_OK);
+    sdpa_call_desc d = call(SDPA_DEVICE_CPU, 1, 64, 64);
+    char *text = NULL;
+    CHECK_STATUS(sdpa_explain(ctx, &d, 1, &text), SDPA_OK);
+    int valid = text != NULL;
+    for (const unsigned char *p = (const unsigned char *)(text ? text : ""); *p; p++)
+        valid &= *p < 0x80 || (*p == 0xc3 && p[1] == 0xa9 && (p++, 1)); /* only the é */
+    CHECK(valid && strstr(text, "bad\\ufffd\\ufffd(name") && strstr(text, "caf\xc3\xa9 \\ufffd"),
+          "explain --json with invalid UTF-8: %s", text ? text : "(null)");
+    sdpa_free(text);
+    sdpa_context_destroy(ctx);
+}
+
+/* Only regular files of at most 1 MiB are read; a FIFO is not waited on. */
+static void test_file_limits(void)
+{
+    sdpa_context *ctx = tl_context(NULL);
+    char fifo[] = "/tmp/sdpa_policy_fifo_XXXXXX";
+    int fd = mkstemp(fifo);
+    close(fd);
+    unlink(fifo);
+    if (mkfifo(fifo, 0600) == 0) {
+        CHECK_STATUS(sdpa_context_load_policy(ctx, fifo), SDPA_INVALID_ARGUMENT);
+        CHECK(strstr(sdpa_last_error(), "not a regular file"), "FIFO: %s", sdpa_last_error());
+        unlink(fifo);
+    } else {
+        tl_skip("policy file FIFO", "mkfifo failed");
+    }
+    CHECK_STATUS(sdpa_context_load_policy(ctx, "/tmp"), SDPA_INVALID_ARGUMENT);
+    char big[] = "/tmp/sdpa_policy_big_XXXXXX";
+    fd = mkstemp(big);
+    CHECK(ftruncate(fd, (1 << 20) + 1) == 0, "ftruncate");
+    close(fd);
+    CHECK_STATUS(sdpa_context_load_policy(ctx, big), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "expected at most 1048576"), "big file: %s",
+          sdpa_last_error());
+    unlink(big);
+    sdpa_context_destroy(ctx);
 }
 
 static void test_matching(void)
@@ -186,5 +243,7 @@ int main(void)
     test_user_file();
     test_default_rules_parse();
     test_platform_parse();
+    test_json_escaping();
+    test_file_limits();
     return tl_finish();
 }
