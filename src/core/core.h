@@ -108,6 +108,11 @@ void sdpa__parallel_for(sdpa_pool *pool, int64_t n_tasks, sdpa_task_fn fn, void 
 
 /* ---- platform (platform.c) */
 
+/* This machine's CPU, and its CUDA device through probe_cuda (the
+ * dispatcher passes the plugin loader's probe; core does not know the
+ * plugin). sdpa_platform_detect is this with the loader's probe. */
+sdpa_status sdpa__platform_detect(sdpa_platform *out, void (*probe_cuda)(sdpa_platform *p));
+
 /* ISA levels for "cpu:isa=..." and SDPA_MAX_ISA. */
 unsigned sdpa__isa_level_mask(const char *level, int *ok);
 

@@ -6,7 +6,6 @@
  */
 #define _GNU_SOURCE
 #include "core.h"
-#include "../cuda/plugin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,13 +159,16 @@ static void detect_cpu(sdpa_platform *p)
 #endif
 }
 
-sdpa_status sdpa_platform_detect(sdpa_platform *out)
+sdpa_status sdpa__platform_detect(sdpa_platform *out, void (*probe_cuda)(sdpa_platform *p))
 {
     if (!out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a platform to fill");
     memset(out, 0, sizeof *out);
     detect_cpu(out);
-    sdpa__cuda_plugin_load(out); /* fills the CUDA fields, or cuda_why */
+    if (probe_cuda)
+        probe_cuda(out); /* fills the CUDA fields, or cuda_why */
+    else
+        sdpa__strlcpy(out->cuda_why, "not probed", sizeof out->cuda_why);
     return SDPA_OK;
 }
 
@@ -187,8 +189,9 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
 {
     if (!spec || !out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", spec ? "out" : "spec");
-    sdpa_platform p;
-    sdpa_platform_detect(&p);
+    sdpa_platform p; /* this machine's CPU; the CUDA side is what spec says */
+    sdpa__platform_detect(&p, NULL);
+    sdpa__fmt(p.cuda_why, sizeof p.cuda_why, "platform '%.60s' describes no CUDA device", spec);
     char buf[256];
     if (strlen(spec) >= sizeof buf)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "platform '%.40s...' is too long", spec);

@@ -5,7 +5,7 @@
  * on a shared machine).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "../dispatch/context.h"
+#include "ceiling.h"
 
 #include <string.h>
 #include <time.h>
@@ -34,12 +34,9 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,
-                                 const char **isa)
+sdpa_status sdpa__cpu_ceiling(sdpa_pool *pool, unsigned cpu_features, const char *what,
+                              double *gflops, const char **isa)
 {
-    if (!ctx || !what || !gflops)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL",
-                          !ctx ? "ctx" : !what ? "what" : "gflops");
     *gflops = 0;
     const int amx = strcmp(what, "amx-bf16") == 0, dpbf16 = strcmp(what, "avx512-bf16") == 0;
     if (strcmp(what, "fp32") != 0 && !amx && !dpbf16)
@@ -49,15 +46,15 @@ sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gf
     probe_job job = {NULL, 20000000}; /* ~30 ms per thread at 250 GFLOP/s */
     const char *name = "none";
 #ifdef SDPA_HAVE_X86_KERNELS
-    if (amx && (ctx->host.cpu_features & SDPA_CPU_AMX_BF16))
+    if (amx && (cpu_features & SDPA_CPU_AMX_BF16))
         job.fn = sdpa__probe_amx_bf16, job.iters = 1000000, name = "amx"; /* ~30 ms */
-    else if (dpbf16 && (ctx->host.cpu_features & SDPA_CPU_AVX512BF16))
+    else if (dpbf16 && (cpu_features & SDPA_CPU_AVX512BF16))
         job.fn = sdpa__probe_dpbf16_avx512, name = "avx512-bf16";
     else if (amx || dpbf16)
         ;
-    else if (ctx->host.cpu_features & SDPA_CPU_AVX512F)
+    else if (cpu_features & SDPA_CPU_AVX512F)
         job.fn = sdpa__probe_fma_avx512, name = "avx512";
-    else if (ctx->host.cpu_features & SDPA_CPU_AVX2)
+    else if (cpu_features & SDPA_CPU_AVX2)
         job.fn = sdpa__probe_fma_avx2, name = "avx2";
 #endif
     if (isa)
@@ -66,10 +63,6 @@ sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gf
         return sdpa__fail(SDPA_NOT_AVAILABLE, amx      ? "no usable AMX-BF16 on this machine"
                                               : dpbf16 ? "no usable AVX512-BF16 on this machine"
                                                        : "no vector FMA probe for this CPU");
-    sdpa_pool *pool;
-    sdpa_status st = sdpa__ctx_pool(ctx, &pool);
-    if (st != SDPA_OK)
-        return st;
     const int threads = sdpa__pool_threads(pool);
     double flops_per_call = job.fn(1000); /* warm up, and learn FLOPs per iteration */
     flops_per_call = flops_per_call / 1000 * (double)job.iters;

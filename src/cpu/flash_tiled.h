@@ -41,7 +41,7 @@
  */
 #include "../core/convert.h"
 #include "flash_tasks.h"
-#include "../dispatch/backend.h"
+#include "../core/backend.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -56,8 +56,11 @@ static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static _Thread_local cudnnHandle_t handle;
 static _Thread_local int handle_device = -1;
+/* Like the handle, the workspace belongs to one device: a thread that
+ * moves to another device gets a new one there. */
 static _Thread_local void *workspace;
 static _Thread_local size_t workspace_size;
+static _Thread_local int workspace_device = -1;
 
 static sdpa_status fail_cudnn(cudnnStatus_t st, int executing, const char *what)
 {
@@ -181,7 +184,7 @@ static void release_plan(plan_entry *e)
  * beyond the capability table, the calling thread's handle for the
  * tensors' device on the caller's stream, and the plan for this call.
  */
-static sdpa_status plan_for_call(const sdpa_call *c, plan_entry **e)
+static sdpa_status plan_for_call(const sdpa_cuda_call *c, plan_entry **e)
 {
     const sdpa_call_desc *d = &c->desc;
     const sdpa_tensor *t[4] = {c->q, c->k, c->v, c->out};
@@ -200,10 +203,8 @@ static sdpa_status plan_for_call(const sdpa_call *c, plan_entry **e)
     }
     if (c->lse && (uintptr_t)c->lse % 16 != 0)
         return sdpa_cuda__host->fail(SDPA_UNSUPPORTED, "cuda.cudnn: lse is not 16-byte aligned");
-    if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Sq > d->Skv)
-        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
-                                     "cuda.cudnn: bottom-right causal with Sq > Skv (rows that "
-                                     "see no key) is not supported by cuDNN without padding");
+    /* Bottom-right causal with Sq > Skv is refused by the declared
+     * check (declared.c), so explain and the dispatcher know it. */
     const int device = c->q->device.ordinal;
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
@@ -234,14 +235,15 @@ static sdpa_status plan_for_call(const sdpa_call *c, plan_entry **e)
     return get_plan(&key, e);
 }
 
-/* The calling thread's workspace grown to the plan's need (it never shrinks). */
+/* The calling thread's workspace on the plan's device, grown to the plan's
+ * need (on one device it never shrinks). */
 static sdpa_status grow_workspace(const plan_entry *e)
 {
-    if ((size_t)e->workspace <= workspace_size)
+    if (workspace_device == e->key.device && (size_t)e->workspace <= workspace_size)
         return SDPA_OK;
     if (workspace)
-        cudaFree(workspace);
-    workspace = NULL, workspace_size = 0;
+        cudaFree(workspace); /* any device may free: unified addressing */
+    workspace = NULL, workspace_size = 0, workspace_device = -1;
     cudaError_t ce = cudaMalloc(&workspace, (size_t)e->workspace);
     if (ce != cudaSuccess)
         return sdpa_cuda__host->fail(
@@ -249,16 +251,16 @@ static sdpa_status grow_workspace(const plan_entry *e)
             "cuda.cudnn: workspace of %lld bytes: %s", (long long)e->workspace,
             cudaGetErrorString(ce));
     workspace_size = (size_t)e->workspace;
+    workspace_device = e->key.device;
     return SDPA_OK;
 }
 
-sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *c);
-sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_cuda_call *c);
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_cuda_call *c);
 
 /* Warm-up: the plan compiled and cached, this thread's workspace sized. */
-sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *c)
+sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_cuda_call *c)
 {
-    (void)self;
     plan_entry *e;
     sdpa_status s = plan_for_call(c, &e);
     if (s != SDPA_OK)
@@ -268,9 +270,8 @@ sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *
     return s;
 }
 
-sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c)
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_cuda_call *c)
 {
-    (void)self;
     const sdpa_call_desc *d = &c->desc;
     plan_entry *e;
     sdpa_status s = plan_for_call(c, &e);

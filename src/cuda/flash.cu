@@ -47,7 +47,7 @@
 extern "C" {
 #include "plugin.h"
 extern const sdpa_cuda_host *sdpa_cuda__host;
-sdpa_status sdpa_cuda__flash_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__flash_run(const sdpa_cuda_call *c);
 }
 
 #include "flash_kernel.cuh"
@@ -94,9 +94,8 @@ static cudaError_t launch_variant(const flash_args *a, int64_t B, int64_t D, int
     return bf16 ? launch<1, 128, PIPE>(a, B, stream) : launch<0, 128, PIPE>(a, B, stream);
 }
 
-sdpa_status sdpa_cuda__flash_run(const sdpa_backend *self, const sdpa_call *c)
+sdpa_status sdpa_cuda__flash_run(const sdpa_cuda_call *c)
 {
-    (void)self;
     const sdpa_call_desc *d = &c->desc;
     if (d->D > 128)
         return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,

@@ -348,7 +348,7 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
 }
 
 /* The kernel's arguments for a validated call (host code, no CUDA calls). */
-static void flash_args_make(const sdpa_call *c, flash_args *a)
+static void flash_args_make(const sdpa_cuda_call *c, flash_args *a)
 {
     const sdpa_call_desc *d = &c->desc;
     const sdpa_tensor *t[4] = {c->q, c->k, c->v, c->out};

@@ -46,10 +46,10 @@ const sdpa_cuda_host *sdpa_cuda__host;
 
 static void init(const sdpa_cuda_host *host) { sdpa_cuda__host = host; }
 
-sdpa_status sdpa_cuda__cudnn_run(const sdpa_backend *self, const sdpa_call *c);
-sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_backend *self, const sdpa_call *c);
-sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c);
-sdpa_status sdpa_cuda__flash_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__cudnn_run(const sdpa_cuda_call *c);
+sdpa_status sdpa_cuda__cudnn_prepare(const sdpa_cuda_call *c);
+sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c);
+sdpa_status sdpa_cuda__flash_run(const sdpa_cuda_call *c);
 
 static const sdpa_cuda_kernel kernels[] = {
     {"cuda.cudnn", "cudnn-graph", sdpa_cuda__cudnn_run, sdpa_cuda__cudnn_prepare},

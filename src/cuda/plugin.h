@@ -1,36 +1,55 @@
 /*
- * plugin.h - the interface between the core and libsdpa_cuda.so.
+ * plugin.h - the ABI between the core and libsdpa_cuda.so: this header and
+ * the public sdpa.h are all the plugin sees of libsdpa.
  *
- * The core never links CUDA. At context creation it looks for the plugin
- * (SDPA_CUDA_PLUGIN=path, else libsdpa_cuda.so beside the core library;
- * never the current directory), dlopens it and calls its one exported
- * function, sdpa_cuda_plugin_entry, which returns this table. The ABI
- * number changes whenever this struct or sdpa_backend changes; a plugin
- * with another number is refused with that reason.
+ * The core never links CUDA. It looks for the plugin (SDPA_CUDA_PLUGIN=path,
+ * else libsdpa_cuda.so beside the core library; never the current
+ * directory), dlopens it and calls its one exported function,
+ * sdpa_cuda_plugin_entry, which returns the table below. The structs here
+ * are the whole contract, kept small on purpose: the core's internal
+ * layouts (backends, validated calls) can change without touching a
+ * plugin. SDPA_CUDA_PLUGIN_ABI changes whenever anything here does; a
+ * plugin built with another number is refused with that reason.
  */
 #ifndef SDPA_CUDA_PLUGIN_H
 #define SDPA_CUDA_PLUGIN_H
 
-#include "../dispatch/backend.h"
+#include "sdpa.h"
 
-#define SDPA_CUDA_PLUGIN_ABI 3
+#define SDPA_CUDA_PLUGIN_ABI 4
 #define SDPA_CUDA_PLUGIN_ENTRY "sdpa_cuda_plugin_entry"
 
-/* What the core lends the plugin (its own symbols are not exported). */
+/* What the core lends the plugin (its own symbols are not exported):
+ * fail records this thread's last error, as sdpa_last_error() reports it. */
 typedef struct sdpa_cuda_host {
     sdpa_status (*fail)(sdpa_status status, const char *fmt, ...);
 } sdpa_cuda_host;
 
+/* One validated call, as the core hands it to a plugin kernel: every
+ * argument already checked (sizes, strides, dtypes, devices, overlap). */
+typedef struct sdpa_cuda_call {
+    const sdpa_tensor *q, *k, *v;
+    sdpa_tensor *out;
+    float *lse;          /* [B, Hq, Sq] on the device, or NULL */
+    double scale;        /* resolved: never 0                  */
+    sdpa_causal causal;
+    int deterministic;
+    void *stream;        /* cudaStream_t                       */
+    sdpa_call_desc desc; /* the sizes in one place             */
+} sdpa_cuda_call;
+
 /*
- * A kernel the plugin implements for one of the core's declared CUDA
- * backends: the core keeps the capabilities and checks it declared, and
- * takes the run (and warm-up) functions from here.
+ * A kernel the plugin implements for one of the CUDA backends the core
+ * declares (src/cuda/declared.c): the core keeps their capabilities and
+ * checks, and takes only run (and warm-up) from here. UNSUPPORTED from
+ * run means "this exact call, after all" and latches the backend off for
+ * the calling layer; OUT_OF_MEMORY and DEVICE_ERROR reach the caller.
  */
 typedef struct sdpa_cuda_kernel {
     const char *name; /* "cuda.cudnn"; NULL ends the list */
     const char *version;
-    sdpa_status (*run)(const sdpa_backend *self, const sdpa_call *call);
-    sdpa_status (*prepare)(const sdpa_backend *self, const sdpa_call *call); /* or NULL */
+    sdpa_status (*run)(const sdpa_cuda_call *call);
+    sdpa_status (*prepare)(const sdpa_cuda_call *call); /* or NULL */
 } sdpa_cuda_kernel;
 
 typedef struct sdpa_cuda_plugin {
@@ -47,19 +66,5 @@ typedef struct sdpa_cuda_plugin {
 } sdpa_cuda_plugin;
 
 typedef const sdpa_cuda_plugin *(*sdpa_cuda_plugin_entry_fn)(void);
-
-/*
- * Loads the plugin once per process and probes the device into *p.
- * Returns the plugin table or NULL; on NULL, p->cuda_why says why.
- */
-const sdpa_cuda_plugin *sdpa__cuda_plugin_load(sdpa_platform *p);
-
-/*
- * The declared CUDA backends that the loaded plugin implements, as full
- * descriptors (the core's capabilities with the plugin's run). They are
- * present when the plugin found a device. Returns how many (0 without a
- * plugin).
- */
-int sdpa__cuda_backends(const sdpa_backend **out, int max);
 
 #endif

@@ -21,7 +21,7 @@
 extern "C" {
 #include "plugin.h"
 extern const sdpa_cuda_host *sdpa_cuda__host;
-sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c);
 }
 
 #include "store_elem.cuh"
@@ -130,9 +130,8 @@ static cudaDataType_t cuda_type(int dtype)
     return dtype == SDPA_F32 ? CUDA_R_32F : dtype == SDPA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
-sdpa_status sdpa_cuda__unfused_run(const sdpa_backend *self, const sdpa_call *c)
+sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
 {
-    (void)self;
     const sdpa_call_desc *d = &c->desc;
     const sdpa_tensor *q = c->q, *k = c->k, *v = c->v, *out = c->out;
     if (q->stride[3] != 1 || k->stride[3] != 1)

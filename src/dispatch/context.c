@@ -8,7 +8,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "../cuda/plugin.h"
+#include "cuda_loader.h"
+#include "../cpu/ceiling.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -471,4 +472,18 @@ void sdpa_context_destroy(sdpa_context *ctx)
     pthread_mutex_destroy(&ctx->pool_lock);
     pthread_rwlock_destroy(&ctx->lock);
     free(ctx);
+}
+
+sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,
+                                 const char **isa)
+{
+    if (!ctx || !what || !gflops)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL",
+                          !ctx ? "ctx" : !what ? "what" : "gflops");
+    *gflops = 0;
+    sdpa_pool *pool;
+    sdpa_status st = sdpa__ctx_pool(ctx, &pool);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__cpu_ceiling(pool, ctx->host.cpu_features, what, gflops, isa);
 }

@@ -5,7 +5,7 @@
 #ifndef SDPA_CONTEXT_H
 #define SDPA_CONTEXT_H
 
-#include "backend.h"
+#include "../core/backend.h"
 #include "policy.h"
 
 #include <pthread.h>

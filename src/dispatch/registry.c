@@ -2,87 +2,20 @@
  * registry.c - the built-in backend table and the one acceptance check all
  * backends share.
  *
- * The CUDA backends are listed with their capabilities even though this
- * build has no CUDA plugin: the policy names them, and `sdpa explain
- * --platform cuda:sm_100` must show what such a machine would decide.
+ * Every backend states its capabilities once, in its own folder (a
+ * caps.h, or declared.c for the CUDA ones): builds that leave a kernel
+ * out list it here under the same capabilities, so that rules can name it
+ * and explain says the same about it on every machine.
  */
-#include "backend.h"
+#include "../core/backend.h"
+#include "../cpu/amx/caps.h"
+#include "../cpu/avx2/caps.h"
+#include "../cpu/avx512/caps.h"
+#include "../cpu/avx512bf16/caps.h"
+#include "../cpu/blas/caps.h"
 
 #include <stdio.h>
 #include <string.h>
-
-/* Placeholders until the plugin provides the kernels: say why not. */
-static int cuda_absent(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
-{
-    (void)self;
-    if (!host->cuda_present)
-        sdpa__fmt(why, n, "not present here: %s", host->cuda_why);
-    else
-        sdpa__strlcpy(why, "not present here: the CUDA plugin does not implement it yet", n);
-    return 0;
-}
-
-static sdpa_status cuda_absent_run(const sdpa_backend *self, const sdpa_call *call)
-{
-    (void)call;
-    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not present here (no CUDA kernel loaded)",
-                      self->name);
-}
-
-/* cuDNN's own support surface beyond the table: the known-bad releases. */
-static int cudnn_check(const sdpa_backend *self, const sdpa_call_desc *d, const sdpa_platform *p,
-                       char *why, size_t n)
-{
-    (void)self, (void)d;
-    if (p->cudnn_version >= 91000 && p->cudnn_version <= 91001) {
-        sdpa__fmt(why, n, "cuDNN %d.%d.%d fp16/bf16 forward is known-bad (refused)",
-                  p->cudnn_version / 10000, p->cudnn_version / 100 % 100,
-                  p->cudnn_version % 100);
-        return 0;
-    }
-    return 1;
-}
-
-#define HALF_TYPES (SDPA_DTYPE_BIT(SDPA_F16) | SDPA_DTYPE_BIT(SDPA_BF16))
-#define ALL_TYPES (SDPA_DTYPE_BIT(SDPA_F32) | HALF_TYPES)
-
-const sdpa_backend sdpa__backend_cuda_cudnn = {
-    .name = "cuda.cudnn",
-    .summary = "cuDNN fused attention through the backend graph API",
-    .device = SDPA_DEVICE_CUDA,
-    .caps = {.dtypes = HALF_TYPES, .d_min = 8, .d_max = 256, .d_multiple = 8, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .min_cc = 80, .min_cudnn = 80900},
-    .version = "absent",
-    .present = cuda_absent,
-    .check = cudnn_check,
-    .run = cuda_absent_run,
-};
-
-const sdpa_backend sdpa__backend_cuda_flash = {
-    .name = "cuda.flash",
-    .summary = "libsdpa's FlashAttention-2-style CUDA C kernel (mma.sync, D <= 128)",
-    .device = SDPA_DEVICE_CUDA,
-    .caps = {.dtypes = HALF_TYPES, .d_min = 8, .d_max = 128, .d_multiple = 8, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .min_cc = 80},
-    .version = "absent",
-    .present = cuda_absent,
-    .run = cuda_absent_run,
-};
-
-const sdpa_backend sdpa__backend_cuda_unfused = {
-    .name = "cuda.unfused",
-    .summary = "cuBLAS batched GEMMs and a softmax kernel; any head dim, fp32 too",
-    .device = SDPA_DEVICE_CUDA,
-    .caps = {.dtypes = ALL_TYPES, .d_min = 1, .d_max = 1 << 16, .d_multiple = 1, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .min_cc = 70},
-    .fallback_rank = 1,
-    .version = "absent",
-    .present = cuda_absent,
-    .run = cuda_absent_run,
-};
 
 #ifndef SDPA_HAVE_X86_KERNELS
 /* Not x86-64: the ISA backends are known by name (rules mention them) but
@@ -103,39 +36,28 @@ static sdpa_status x86_absent_run(const sdpa_backend *self, const sdpa_call *cal
 const sdpa_backend sdpa__backend_cpu_avx512 = {
     .name = "cpu.avx512", .summary = "AVX-512 fp32 tiled kernel (x86-64 only)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = ALL_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .cpu_features = SDPA_CPU_AVX512F},
+    .caps = SDPA_CPU_AVX512_CAPS,
     .version = "absent", .present = x86_absent, .run = x86_absent_run,
 };
 
 const sdpa_backend sdpa__backend_cpu_avx2 = {
     .name = "cpu.avx2", .summary = "AVX2 fp32 tiled kernel (x86-64 only)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = ALL_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .cpu_features = SDPA_CPU_AVX2},
+    .caps = SDPA_CPU_AVX2_CAPS,
     .version = "absent", .present = x86_absent, .run = x86_absent_run,
 };
 
 const sdpa_backend sdpa__backend_cpu_amx = {
     .name = "cpu.amx", .summary = "AMX-BF16 tiled kernel (x86-64 only)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = HALF_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1,
-             .cpu_features = SDPA_CPU_AMX_BF16 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16,
-             .product_bits = 8},
+    .caps = SDPA_CPU_AMX_CAPS,
     .version = "absent", .present = x86_absent, .run = x86_absent_run,
 };
 
 const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
     .name = "cpu.avx512bf16", .summary = "AVX512-BF16 tiled kernel (x86-64 only)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = HALF_TYPES, .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .cpu_features = SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16,
-             .product_bits = 8},
+    .caps = SDPA_CPU_AVX512BF16_CAPS,
     .version = "absent", .present = x86_absent, .run = x86_absent_run,
 };
 #endif
@@ -159,9 +81,7 @@ static sdpa_status blas_absent_run(const sdpa_backend *self, const sdpa_call *ca
 const sdpa_backend sdpa__backend_cpu_blas = {
     .name = "cpu.blas", .summary = "unfused OpenBLAS baseline (not built)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1,
-             .gqa = 1, .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1},
+    .caps = SDPA_CPU_BLAS_CAPS,
     .version = "absent", .present = blas_absent, .run = blas_absent_run,
 };
 #endif

@@ -10,7 +10,7 @@
  * Memory: (Skv + D) doubles per worker thread.
  */
 #include "../core/convert.h"
-#include "../dispatch/backend.h"
+#include "../core/backend.h"
 
 #include <float.h>
 #include <math.h>

@@ -18,6 +18,7 @@
 #include "simt_emulator.h"
 
 extern "C" {
+#include "core/core.h"
 #include "cuda/plugin.h"
 #include "support/testlib.h"
 }
@@ -54,7 +55,9 @@ static void check(tl_case c)
     prm.causal = c.causal;
     sdpa_call call;
     CHECK_STATUS(sdpa__call_prepare(&p.q, &p.k, &p.v, &got.t, got.lse, &prm, &call), SDPA_OK);
-    flash_args_make(&call, &emu_args);
+    const sdpa_cuda_call pc = {call.q,     call.k,      call.v,           call.out,    call.lse,
+                               call.scale, call.causal, call.deterministic, call.stream, call.desc};
+    flash_args_make(&pc, &emu_args);
     const int hd = c.D <= 64 ? 64 : 128, bf16 = c.dtype == SDPA_BF16;
     void (*const fns[2][2][2])(void) = {
         {{body<0, 64, 0>, body<0, 64, 1>}, {body<0, 128, 0>, body<0, 128, 1>}},

@@ -84,6 +84,20 @@ static void test_cuda_rules(void)
           reason_of(&dec, "cuda.cudnn"));
     d.causal = SDPA_CAUSAL_NONE;
 
+    /* Rows that see no key: cuDNN's graph has no padding mask for them, and
+     * the refusal is the declared check's, so explain never promises it. */
+    d.causal = SDPA_CAUSAL_BOTTOM_RIGHT, d.Skv = 4096;
+    decide(ctx, &d);
+    CHECK(dec.n_candidates > 0 && strcmp(dec.candidates[0], "cuda.cudnn") != 0 &&
+              strstr(reason_of(&dec, "cuda.cudnn"), "Sq > Skv") != NULL,
+          "bottom-right with Sq > Skv passed over cuDNN: first %s, reason %s",
+          dec.n_candidates ? dec.candidates[0] : "(none)", reason_of(&dec, "cuda.cudnn"));
+    d.backend = "cuda.cudnn"; /* explicit: refused with the reason, never run */
+    decide(ctx, &d);
+    CHECK(dec.status == SDPA_UNSUPPORTED && strstr(dec.error, "Sq > Skv") != NULL,
+          "explicit cuda.cudnn with Sq > Skv: %s", dec.error);
+    d.backend = NULL, d.causal = SDPA_CAUSAL_NONE, d.Skv = 8190;
+
     d.quant = "nvfp4"; /* NVFP4 on 10.x: flash, unless chosen explicitly */
     decide(ctx, &d);
     FIRST("cuda.flash");

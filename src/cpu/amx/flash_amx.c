@@ -45,10 +45,11 @@
  * (AMX_BACKEND_SYMBOL = sdpa__backend_cpu_amx) and with SDPA_AMX_EMULATE
  * for the tests (see amx_tiles.h).
  */
+#include "caps.h"
 #include "amx_tiles.h"
 
 #include "../../core/convert.h"
-#include "../../dispatch/backend.h"
+#include "../../core/backend.h"
 #include "../flash_tasks.h"
 
 #include <immintrin.h>
@@ -435,10 +436,7 @@ const sdpa_backend AMX_BACKEND_SYMBOL = {
     .name = AMX_BACKEND_NAME,
     .summary = AMX_SUMMARY,
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F16) | SDPA_DTYPE_BIT(SDPA_BF16),
-             .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .cpu_features = AMX_FEATURES, .product_bits = 8},
+    .caps = SDPA_CPU_AMX_CAPS,
 #ifdef SDPA_AMX_EMULATE
     .fallback_rank = 0,
 #else

@@ -46,6 +46,7 @@ static inline __m256 exp256(__m256 x)
     return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+#include "caps.h"
 #include "../flash_tiled.h"
 
 static int avx2_present(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
@@ -65,11 +66,7 @@ const sdpa_backend sdpa__backend_cpu_avx2 = {
     .name = "cpu.avx2",
     .summary = "tiled flash attention, AVX2+FMA fp32 micro-kernels (4 x 24)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
-                       SDPA_DTYPE_BIT(SDPA_BF16),
-             .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .cpu_features = SDPA_CPU_AVX2},
+    .caps = SDPA_CPU_AVX2_CAPS,
     .fallback_rank = 20,
     .version = SDPA_VERSION_STRING,
     .present = avx2_present,

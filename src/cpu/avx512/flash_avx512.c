@@ -9,6 +9,7 @@
  *
  * Vectors and exp: vec_avx512.h.
  */
+#include "caps.h"
 #include "vec_avx512.h"
 
 #define QV 3
@@ -35,11 +36,7 @@ const sdpa_backend sdpa__backend_cpu_avx512 = {
     .name = "cpu.avx512",
     .summary = "tiled flash attention, AVX-512 fp32 micro-kernels (8 x 48)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
-                       SDPA_DTYPE_BIT(SDPA_BF16),
-             .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .cpu_features = SDPA_CPU_AVX512F},
+    .caps = SDPA_CPU_AVX512_CAPS,
     .fallback_rank = 30,
     .version = SDPA_VERSION_STRING,
     .present = avx512_present,

@@ -13,6 +13,7 @@
  * For CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later, Intel Cooper
  * Lake); where AMX is usable, cpu.amx comes first.
  */
+#include "caps.h"
 #include "../avx512/vec_avx512.h"
 
 #include <stdint.h>
@@ -62,10 +63,7 @@ const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
     .name = "cpu.avx512bf16",
     .summary = "tiled flash attention, VDPBF16PS bf16-pair micro-kernels (8 x 48), fp32 softmax",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F16) | SDPA_DTYPE_BIT(SDPA_BF16),
-             .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .cpu_features = SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16, .product_bits = 8},
+    .caps = SDPA_CPU_AVX512BF16_CAPS,
     .fallback_rank = 35,
     .version = SDPA_VERSION_STRING,
     .present = avx512bf16_present,

@@ -16,8 +16,9 @@
  * libsdpa's pool runs blocks in parallel, so results do not depend on the
  * thread count.
  */
+#include "caps.h"
 #include "../../core/convert.h"
-#include "../../dispatch/backend.h"
+#include "../../core/backend.h"
 #include "../exp_portable.h"
 
 #include <cblas.h>
@@ -177,9 +178,7 @@ const sdpa_backend sdpa__backend_cpu_blas = {
     .name = "cpu.blas",
     .summary = "unfused baseline: OpenBLAS sgemm, softmax, sgemm in 256-row blocks",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1,
-             .gqa = 1, .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1},
+    .caps = SDPA_CPU_BLAS_CAPS,
     .fallback_rank = 0, /* a baseline: only rules or explicit choices name it */
     .version = "openblas",
     .run = blas_run,

@@ -21,7 +21,7 @@
  * and accumulates keys in a fixed order): deterministic.
  */
 #include "../../core/convert.h"
-#include "../../dispatch/backend.h"
+#include "../../core/backend.h"
 #include "../exp_portable.h"
 
 #include <math.h>

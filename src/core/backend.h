@@ -20,7 +20,7 @@
 #ifndef SDPA_BACKEND_H
 #define SDPA_BACKEND_H
 
-#include "../core/core.h"
+#include "core.h"
 
 typedef struct sdpa_backend sdpa_backend;
 

@@ -1,10 +1,11 @@
 /*
- * loader.c - finds and loads libsdpa_cuda.so (see plugin.h), and records
- * exactly why not when it cannot: no plugin built, failed dlopen, wrong
- * ABI, no driver, no device. Loaded once per process.
+ * cuda_loader.c - finds and loads libsdpa_cuda.so (../cuda/plugin.h), and
+ * records exactly why not when it cannot: no plugin built, failed dlopen,
+ * wrong ABI, no driver, no device. Loaded once per process.
  */
 #define _GNU_SOURCE
-#include "plugin.h"
+#include "cuda_loader.h"
+#include "../cuda/plugin.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -17,6 +18,29 @@
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static sdpa_backend merged[MAX_KERNELS]; /* declared backends with the plugin's run */
 static int n_merged;
+
+/* The declared backend's run, calling the plugin's kernel (in state) with
+ * the plugin ABI's view of the call. */
+static sdpa_cuda_call plugin_call(const sdpa_call *c)
+{
+    sdpa_cuda_call pc = {c->q,      c->k,           c->v,      c->out, c->lse,
+                         c->scale,  c->causal,      c->deterministic, c->stream, c->desc};
+    return pc;
+}
+
+static sdpa_status plugin_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    const sdpa_cuda_kernel *k = self->state;
+    const sdpa_cuda_call pc = plugin_call(c);
+    return k->run(&pc);
+}
+
+static sdpa_status plugin_prepare(const sdpa_backend *self, const sdpa_call *c)
+{
+    const sdpa_cuda_kernel *k = self->state;
+    const sdpa_cuda_call pc = plugin_call(c);
+    return k->prepare(&pc);
+}
 
 /* A plugin kernel can run when the plugin's probe found a device. */
 static int kernel_present(const sdpa_backend *self, const sdpa_platform *host, char *why,
@@ -36,7 +60,7 @@ static char load_error[160]; /* fits sdpa_platform.cuda_why */
 static int own_directory(char *dir, size_t n)
 {
     Dl_info info;
-    if (!dladdr((void *)&sdpa__cuda_plugin_load, &info) || !info.dli_fname)
+    if (!dladdr((void *)&sdpa__cuda_probe, &info) || !info.dli_fname)
         return 0;
     const char *slash = strrchr(info.dli_fname, '/');
     if (!slash) /* a bare name: we do not know where, and will not guess "." */
@@ -101,8 +125,9 @@ static void load_once(void)
                 *m = *sdpa__builtin_backends[b];
                 m->version = p->kernels[i].version;
                 m->present = kernel_present;
-                m->run = p->kernels[i].run;
-                m->prepare = p->kernels[i].prepare;
+                m->state = (void *)&p->kernels[i];
+                m->run = plugin_run;
+                m->prepare = p->kernels[i].prepare ? plugin_prepare : NULL;
             }
 }
 
@@ -110,20 +135,20 @@ int sdpa__cuda_backends(const sdpa_backend **out, int max)
 {
     sdpa_platform scratch;
     memset(&scratch, 0, sizeof scratch);
-    sdpa__cuda_plugin_load(&scratch); /* loads once */
+    sdpa__cuda_probe(&scratch); /* loads once */
     int n = 0;
     for (; n < n_merged && n < max; n++)
         out[n] = &merged[n];
     return n;
 }
 
-const sdpa_cuda_plugin *sdpa__cuda_plugin_load(sdpa_platform *p)
+void sdpa__cuda_probe(sdpa_platform *p)
 {
     pthread_once(&once, load_once);
     p->cuda_present = 0;
     if (!plugin) {
         sdpa__strlcpy(p->cuda_why, load_error, sizeof p->cuda_why);
-        return NULL;
+        return;
     }
     char why[160] = "";
     if (plugin->probe(p, why, sizeof why)) {
@@ -133,5 +158,9 @@ const sdpa_cuda_plugin *sdpa__cuda_plugin_load(sdpa_platform *p)
         snprintf(p->cuda_why, sizeof p->cuda_why, "plugin %.40s loaded, no usable device: %.80s",
                  plugin_path, why);
     }
-    return plugin;
+}
+
+sdpa_status sdpa_platform_detect(sdpa_platform *out)
+{
+    return sdpa__platform_detect(out, sdpa__cuda_probe);
 }
