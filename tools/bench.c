@@ -192,6 +192,7 @@ int cmd_bench(int argc, char **argv)
         return tool_usage_error("out of memory");
     }
     rc = 0;
+    int failed = 0;
     for (int r = 0; r < n_rows && rc == 0; r++) {
         sdpa_call_desc *d = &rows[r].d;
         problem pb;
@@ -202,15 +203,25 @@ int cmd_bench(int argc, char **argv)
         sdpa_tensor tq = pb.q, tk = pb.k, tv = pb.v, to = pb.out;
         const char *chosen = dispatcher_choice(ctx, d);
         char refused[MAX_BENCH_BACKENDS][256];
+        sdpa_status status[MAX_BENCH_BACKENDS];
+        int claimed[MAX_BENCH_BACKENDS];
         for (int b = 0; b < nb; b++) {
             sdpa_params p = SDPA_PARAMS_DEFAULT;
             p.backend = names[b];
             p.causal = d->causal;
+            refused[b][0] = '\0';
+            /* A backend that does not take the call (dtype, head dim) is
+             * left out of the row and named once at the end. */
+            if (!(claimed[b] = suite_claims(ctx, d, dtype, names[b], refused[b], sizeof refused[b]))) {
+                suite_note_unclaimed(names[b], refused[b]);
+                status[b] = SDPA_UNSUPPORTED;
+                continue;
+            }
             /* Warm-up: what the backend builds on first use (cuDNN plans), then one call. */
             sdpa_status st = sdpa_warmup(ctx, &tq, &tk, &tv, &to, NULL, &p);
             if (st == SDPA_OK)
                 st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
-            refused[b][0] = '\0';
+            status[b] = st;
             if (st != SDPA_OK)
                 snprintf(refused[b], sizeof refused[b], "%s: %s", sdpa_status_string(st),
                          sdpa_last_error());
@@ -224,8 +235,13 @@ int cmd_bench(int argc, char **argv)
                 p.backend = names[b];
                 p.causal = d->causal;
                 double t0 = tool_now_ms();
-                sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
+                sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
                 t[b * reps + rep] = tool_now_ms() - t0;
+                if (st != SDPA_OK) { /* a timed call failed: no figure for it */
+                    status[b] = st;
+                    snprintf(refused[b], sizeof refused[b], "%s in a timed call: %s",
+                             sdpa_status_string(st), sdpa_last_error());
+                }
             }
         double med[MAX_BENCH_BACKENDS];
         int winner = -1;
@@ -239,6 +255,9 @@ int cmd_bench(int argc, char **argv)
                 winner = b;
         }
         for (int b = 0; b < nb; b++) {
+            if (!claimed[b])
+                continue;
+            failed |= status[b] != SDPA_OK;
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
             const double gf = refused[b][0] ? 0.0 : suite_flops(d) / (med[b] * 1e6);
             const double pct = bceil[b] > 0 ? 100.0 * gf / bceil[b] : 0.0;
@@ -256,10 +275,12 @@ int cmd_bench(int argc, char **argv)
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
                        sdpa_dtype_name(dtype), d->causal ? "true" : "false", names[b]);
-                if (refused[b][0])
+                if (refused[b][0]) {
                     printf(",\"median_ms\":null,\"min_ms\":null,\"max_ms\":null,\"gflops\":null,"
-                           "\"error\":\"%s\"",
-                           sdpa_status_string(SDPA_UNSUPPORTED));
+                           "\"error\":\"%s\",\"message\":",
+                           sdpa_status_string(status[b]));
+                    suite_json_string(refused[b]);
+                }
                 else
                     printf(",\"median_ms\":%.4f,\"min_ms\":%.4f,\"max_ms\":%.4f,\"gflops\":%.2f,"
                            "\"pct_peak\":%.2f,\"ceiling_gflops\":%.1f",
@@ -275,6 +296,7 @@ int cmd_bench(int argc, char **argv)
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
                        d->causal ? "yes" : "no", names[b], refused[b]);
+                /* printed as "refused: STATUS: message" */
             } else {
                 char rp[16] = "-", rb[16] = "-";
                 if (vs_portable > 0)
@@ -301,6 +323,9 @@ int cmd_bench(int argc, char **argv)
         problem_free(&pb);
     }
     free(t);
+    suite_print_unclaimed(json);
+    if (rc == 0 && failed)
+        rc = 1; /* a backend that takes the call failed it: say so in the exit code */
     if (rc == 0 && f[PLOT].value)
         rc = write_plot(f[PLOT].value, rows, n_rows, names, nb, plot_gf, ceiling);
     sdpa_context_destroy(ctx);

@@ -189,3 +189,71 @@ void problem_free(problem *p)
     free(p->q.data), free(p->k.data), free(p->v.data), free(p->out.data), free(p->lse);
     memset(p, 0, sizeof *p);
 }
+
+int suite_claims(sdpa_context *ctx, const sdpa_call_desc *d, sdpa_dtype dtype,
+                 const char *backend, char *why, size_t n)
+{
+    static _Thread_local sdpa_decision dec;
+    sdpa_call_desc c = *d;
+    c.dtype = dtype, c.backend = backend;
+    if (sdpa_decide(ctx, &c, &dec) != SDPA_OK) {
+        snprintf(why, n, "%s", sdpa_last_error());
+        return 0;
+    }
+    if (dec.n_candidates == 1)
+        return 1;
+    /* "X (backend=X on the call) cannot run this call: REASON" -> REASON */
+    const char *r = strstr(dec.error, "cannot run this call: ");
+    snprintf(why, n, "%s", r ? r + strlen("cannot run this call: ") : dec.error);
+    return 0;
+}
+
+static struct {
+    char backend[32], why[224];
+    int rows;
+} unclaimed[64];
+static int n_unclaimed;
+
+void suite_note_unclaimed(const char *backend, const char *why)
+{
+    for (int i = 0; i < n_unclaimed; i++)
+        if (strcmp(unclaimed[i].backend, backend) == 0 && strcmp(unclaimed[i].why, why) == 0) {
+            unclaimed[i].rows++;
+            return;
+        }
+    if (n_unclaimed == (int)(sizeof unclaimed / sizeof *unclaimed))
+        return;
+    snprintf(unclaimed[n_unclaimed].backend, sizeof unclaimed[0].backend, "%s", backend);
+    snprintf(unclaimed[n_unclaimed].why, sizeof unclaimed[0].why, "%s", why);
+    unclaimed[n_unclaimed++].rows = 1;
+}
+
+void suite_json_string(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    putchar('"');
+}
+
+void suite_print_unclaimed(int json)
+{
+    for (int i = 0; i < n_unclaimed; i++) {
+        if (json) {
+            printf("{\"backend\":");
+            suite_json_string(unclaimed[i].backend);
+            printf(",\"not_run_rows\":%d,\"reason\":", unclaimed[i].rows);
+            suite_json_string(unclaimed[i].why);
+            printf("}\n");
+        } else {
+            printf("# not run: %s on %d row%s: %s\n", unclaimed[i].backend, unclaimed[i].rows,
+                   unclaimed[i].rows == 1 ? "" : "s", unclaimed[i].why);
+        }
+    }
+    n_unclaimed = 0;
+}

@@ -7,6 +7,8 @@
 
 #include "sdpa.h"
 
+#include <stddef.h>
+
 #define MAX_ROWS 256
 
 typedef struct row {
@@ -34,6 +36,22 @@ int suite_args(const char *suite, const char *shape, const char *dtype_arg,
  */
 int suite_backends(sdpa_context *ctx, const char *list, int with_ref_on_all, const char **names,
                    int max, int *n);
+
+/*
+ * Does `backend` take row d in dtype (its capabilities and checks, as the
+ * dispatcher sees them)? 1, or 0 with the reason in why. A command skips
+ * what a backend does not take; a refusal of what it takes is a failure.
+ */
+int suite_claims(sdpa_context *ctx, const sdpa_call_desc *d, sdpa_dtype dtype,
+                 const char *backend, char *why, size_t n);
+
+/* Collects "backend: reason" pairs of suite_claims refusals, and prints
+ * each once ("# not run: ..."), on stdout, as a comment or JSON line. */
+void suite_note_unclaimed(const char *backend, const char *why);
+void suite_print_unclaimed(int json);
+
+/* s as a JSON string literal on stdout. */
+void suite_json_string(const char *s);
 
 /* 4 B Hq Sq Skv D, halved for causal with Sq == Skv. */
 double suite_flops(const sdpa_call_desc *d);

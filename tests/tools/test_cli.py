@@ -11,6 +11,7 @@ Prints "N passed, N failed" last.
 """
 import json
 import os
+import resource
 import stat
 import subprocess
 import sys
@@ -35,13 +36,18 @@ def check(cond, what):
         print(f"FAIL {what}")
 
 
-def sdpa(*args, env=None, cwd=None):
+def sdpa(*args, env=None, cwd=None, memory_cap=None, timeout=600):
     e = dict(os.environ)
-    for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA", "SDPA_CUDA_PLUGIN"):
+    for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA", "SDPA_CUDA_PLUGIN",
+              "OPENBLAS_NUM_THREADS"):
         e.pop(k, None)
     e.update(env or {})
-    return subprocess.run([SDPA, *args], capture_output=True, text=True, env=e, timeout=600,
-                          cwd=cwd)
+
+    def cap():  # a virtual-memory cap, as a batch scheduler would set
+        resource.setrlimit(resource.RLIMIT_AS, (memory_cap, memory_cap))
+
+    return subprocess.run([SDPA, *args], capture_output=True, text=True, env=e, timeout=timeout,
+                          cwd=cwd, preexec_fn=cap if memory_cap else None)
 
 
 def reference(q, k, v, causal="none", scale=None):
@@ -294,6 +300,19 @@ bad = npy_with_header("bad.npy", k, "{'descr': '<f4', 'fortran_order': False, 's
 r = sdpa("run", "--q", save("q.npy", q), "--k", bad, "--v", save("v.npy", v), "--out", path("o.npy"))
 check(r.returncode == 2 and "malformed header" in r.stderr, f"unclosed .npy dict: {r.stderr!r}")
 
+# Under a memory cap the tool exits, never hangs (it hung in OpenBLAS's
+# thread pool, linked in even when cpu.blas never ran).
+for what, args in (("usage error", ("run", "--q", "x")),
+                   ("out of memory", ("check", "--shape", "1,1000000,1000000,8,8,128"))):
+    try:
+        r = sdpa(*args, memory_cap=150 << 20, timeout=60)
+        check(r.returncode in (1, 2) and r.stderr.strip(), f"{what} under a 150 MB cap: exit "
+              f"{r.returncode}: {r.stderr!r}")
+        check("out of memory:  " not in r.stderr and not r.stderr.rstrip().endswith(":"),
+              f"{what} under a cap names the problem: {r.stderr!r}")
+    except subprocess.TimeoutExpired:
+        check(False, f"{what} under a 150 MB cap: hung")
+
 # every command's usage, three ways
 for cmd in ("run", "explain", "bench", "check", "ab", "tune", "dit", "info"):
     for args in ((cmd, "--help"), ("help", cmd)):
@@ -350,7 +369,10 @@ smoke = os.path.join(SHAPES, "smoke.tsv") if SHAPES else None
 if smoke and os.path.exists(smoke):
     r = sdpa("bench", "--suite", smoke, "--reps", "2", "--json")
     check(r.returncode == 0, f"bench smoke: {r.stderr}")
-    rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    lines = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    rows = [x for x in lines if "row" in x]
+    notes = [x for x in lines if "not_run_rows" in x]  # backends that do not take the dtype
+    check(len(rows) + len(notes) == len(lines), f"bench json lines: {lines[:3]}")
     keys = {"row", "B", "Sq", "Skv", "Hq", "Hkv", "D", "dtype", "causal", "backend", "median_ms",
             "min_ms", "max_ms", "gflops", "chosen"}
     check(len(rows) >= 6, f"bench rows: {len(rows)}")
@@ -360,6 +382,10 @@ if smoke and os.path.exists(smoke):
     r = sdpa("bench", "--suite", smoke, "--reps", "1", "--backends", "all")
     check(r.returncode == 0 and "winner" in r.stdout and "chosen" in r.stdout and "%peak" in r.stdout
           and " ref " in r.stdout, f"bench text: {r.stdout}")
+    # a backend that does not take f32 is named once, not refused on every row
+    not_run = [l.split()[3] for l in r.stdout.splitlines() if l.startswith("# not run:")]
+    check("refused" not in r.stdout and len(not_run) == len(set(not_run)),
+          f"bench names unclaimed backends once: {r.stdout}")
     r = sdpa("bench", "--suite", smoke, "--reps", "1", "--backends", "ref")
     check(r.returncode == 0 and "dispatcher would choose" in r.stdout, f"bench choice: {r.stdout}")
 else:

@@ -15,13 +15,21 @@
  * refused at run time. OpenBLAS is set to one thread (process-wide) and
  * libsdpa's pool runs blocks in parallel, so results do not depend on the
  * thread count.
+ *
+ * OpenBLAS is loaded with dlopen on the first cpu.blas call, not linked:
+ * its constructor starts a thread per core and allocates their buffers in
+ * every process that links it, and under a memory cap a process then hung
+ * at exit in its thread pool, even one that never used cpu.blas. Now only
+ * a process that runs cpu.blas pays for (and risks) those threads.
  */
+#define _GNU_SOURCE /* dlfcn */
 #include "caps.h"
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../exp_portable.h"
 
-#include <cblas.h>
+#include <cblas.h> /* for the prototypes only: nothing here links OpenBLAS */
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -94,6 +102,35 @@ static softmax_row_fn pick_softmax(unsigned features)
     return softmax_row_default;
 }
 
+/* OpenBLAS, loaded on first use (see the top of the file). */
+static __typeof__(&cblas_sgemm) sgemm;
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static char load_error[200];
+
+static void load_openblas(void)
+{
+    static const char *const names[] = {"libopenblas.so.0", SDPA_OPENBLAS_PATH};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(load_error, sizeof load_error, "cpu.blas: cannot load OpenBLAS: %.160s",
+                 e ? e : "?");
+        return;
+    }
+    void (*set_threads)(int);
+    *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
+    *(void **)&sgemm = dlsym(h, "cblas_sgemm");
+    if (!sgemm || !set_threads) {
+        snprintf(load_error, sizeof load_error, "cpu.blas: OpenBLAS lacks %s",
+                 sgemm ? "openblas_set_num_threads" : "cblas_sgemm");
+        sgemm = NULL;
+        return;
+    }
+    set_threads(1); /* libsdpa's pool runs the blocks in parallel */
+}
+
 typedef struct blas_job {
     const sdpa_call *c;
     softmax_row_fn softmax_row;
@@ -123,7 +160,7 @@ static void blas_task(void *arg, int64_t task, int worker)
     const float *k = (const float *)c->k->data + sdpa__offset(c->k, b, 0, hk, 0);
     const float *v = (const float *)c->v->data + sdpa__offset(c->v, b, 0, hk, 0);
     if (kv_end > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kv_end, (int)d->D,
+        sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)kv_end, (int)d->D,
                     (float)c->scale, q, (int)c->q->stride[1], k, (int)c->k->stride[1], 0.0f, s,
                     (int)kv_end);
     float m[BR], l[BR];
@@ -136,7 +173,7 @@ static void blas_task(void *arg, int64_t task, int worker)
         l[r] = j->softmax_row(s + r * kv_end, kv_end, vis, &m[r]);
     }
     if (kv_end > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d->D, (int)kv_end,
+        sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)d->D, (int)kv_end,
                     1.0f, s, (int)kv_end, v, (int)c->v->stride[1], 0.0f, o, (int)d->D);
     else
         memset(o, 0, sizeof(float) * (size_t)(rows * d->D));
@@ -144,8 +181,6 @@ static void blas_task(void *arg, int64_t task, int worker)
         sdpa__store_result(c, b, i0 + r, h, o + r * d->D, m[r], l[r], 1);
 }
 
-static pthread_once_t single_thread_once = PTHREAD_ONCE_INIT;
-static void blas_single_thread(void) { openblas_set_num_threads(1); }
 
 static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
 {
@@ -161,7 +196,9 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     if (c->desc.Skv > INT32_MAX / BR)
         return sdpa__fail(SDPA_UNSUPPORTED, "cpu.blas: Skv %lld too long for int sgemm sizes",
                           (long long)c->desc.Skv);
-    pthread_once(&single_thread_once, blas_single_thread);
+    pthread_once(&load_once, load_openblas);
+    if (!sgemm)
+        return sdpa__fail(SDPA_NOT_AVAILABLE, "%s", load_error);
     const int threads = sdpa__pool_threads(c->pool);
     blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
                   (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
