@@ -8,6 +8,7 @@
 #include "../cuda/plugin.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,19 +57,22 @@ static const sdpa_cuda_plugin *plugin;
 static char plugin_path[1024];
 static char load_error[160]; /* fits sdpa_platform.cuda_why */
 
-/* The directory of the library (or program) this code was linked into. */
+/* The absolute directory of the library (or program) this code was linked
+ * into. The loader may report a relative name ("./libsdpa.so.0", found
+ * through LD_LIBRARY_PATH=.): it is resolved now, against the directory
+ * the process started in, never looked up later in whatever "." is then. */
 static int own_directory(char *dir, size_t n)
 {
     Dl_info info;
-    if (!dladdr((void *)&sdpa__cuda_probe, &info) || !info.dli_fname)
-        return 0;
-    const char *slash = strrchr(info.dli_fname, '/');
-    if (!slash) /* a bare name: we do not know where, and will not guess "." */
-        return 0;
-    size_t len = (size_t)(slash - info.dli_fname);
+    char real[PATH_MAX];
+    if (!dladdr((void *)&sdpa__cuda_probe, &info) || !info.dli_fname ||
+        !strchr(info.dli_fname, '/') || !realpath(info.dli_fname, real))
+        return 0; /* a bare name: we do not know where, and will not guess "." */
+    const char *slash = strrchr(real, '/');
+    size_t len = (size_t)(slash - real);
     if (len + 1 > n)
         return 0;
-    memcpy(dir, info.dli_fname, len);
+    memcpy(dir, real, len);
     dir[len] = '\0';
     return 1;
 }
@@ -77,6 +81,12 @@ static void load_once(void)
 {
     const char *env = getenv("SDPA_CUDA_PLUGIN");
     char dir[896];
+    if (env && *env && strlen(env) >= sizeof plugin_path) {
+        snprintf(load_error, sizeof load_error,
+                 "SDPA_CUDA_PLUGIN is %zu characters long, expected at most %zu (refused)",
+                 strlen(env), sizeof plugin_path - 1);
+        return;
+    }
     if (env && *env) {
         sdpa__strlcpy(plugin_path, env, sizeof plugin_path);
     } else if (own_directory(dir, sizeof dir)) {

@@ -313,6 +313,26 @@ for what, args in (("usage error", ("run", "--q", "x")),
     except subprocess.TimeoutExpired:
         check(False, f"{what} under a 150 MB cap: hung")
 
+# The plugin is looked for beside the library, also when the library was
+# found through LD_LIBRARY_PATH=. (its name is then relative): the message
+# must not blame an SDPA_CUDA_PLUGIN nobody set.
+import glob
+import shutil
+libdir, bindir = path("lib"), path("bin")
+os.makedirs(libdir, exist_ok=True)
+os.makedirs(bindir, exist_ok=True)
+for f in glob.glob(os.path.join(os.path.dirname(SDPA), "libsdpa.so*")):
+    shutil.copy(f, libdir, follow_symlinks=False)
+shutil.copy(SDPA, bindir)
+r = subprocess.run([os.path.join(bindir, os.path.basename(SDPA)), "info"], capture_output=True,
+                   text=True, cwd=libdir, env={**os.environ, "LD_LIBRARY_PATH": "."}, timeout=60)
+cuda = [l for l in r.stdout.splitlines() if l.startswith("cuda ")]
+check(r.returncode == 0 and cuda and "SDPA_CUDA_PLUGIN=" not in cuda[0] and libdir in cuda[0],
+      f"plugin looked for beside a library found through LD_LIBRARY_PATH=.: {cuda} {r.stderr!r}")
+r = sdpa("info", env={"SDPA_CUDA_PLUGIN": "/" + "a" * 1100})
+check(r.returncode == 0 and "1101 characters long, expected at most 1023" in r.stdout,
+      f"an over-long SDPA_CUDA_PLUGIN is refused, not truncated: {r.stdout[-300:]!r}")
+
 # every command's usage, three ways
 for cmd in ("run", "explain", "bench", "check", "ab", "tune", "dit", "info"):
     for args in ((cmd, "--help"), ("help", cmd)):
