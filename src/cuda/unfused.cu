@@ -11,12 +11,21 @@
  * stream-ordered allocator (cudaMallocAsync), so there is no device-wide
  * synchronisation; everything runs on the caller's stream.
  *
+ * cuBLAS is opened on the first cuda.unfused call, not linked: its Lt
+ * library alone adds about 150 MB of resident memory to a process that
+ * loads it (dlopen of libcublasLt.so.13 took RSS from 1.9 to 153 MB), and
+ * the plugin is loaded by every process that probes for a GPU, most of
+ * which never run this backend.
+ *
  * Written and compiled without a GPU; scripts/gpu-check.sh is its test.
  */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
 extern "C" {
 #include "plugin.h"
@@ -110,6 +119,46 @@ static __global__ void store_rows(const float *O, int64_t rows, int64_t D, void 
 static thread_local cublasHandle_t cublas;
 static thread_local int cublas_device = -1;
 
+/* The four cuBLAS entry points used here, from the library opened on the
+ * first call (see the top of the file). */
+static struct {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                           const void *, const void *, cudaDataType, int, const void *,
+                           cudaDataType, int, const void *, void *, cudaDataType, int,
+                           cublasComputeType_t, cublasGemmAlgo_t); /* the non-inline one */
+} cb;
+static pthread_once_t cb_once = PTHREAD_ONCE_INIT;
+static char cb_error[200];
+
+#define SDPA_STR2(x) #x
+#define SDPA_STR(x) SDPA_STR2(x)
+
+static void cb_load(void)
+{
+    const char *names[] = {"libcublas.so." SDPA_STR(CUBLAS_VER_MAJOR), "libcublas.so"};
+    void *h = NULL;
+    for (int i = 0; i < 2 && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(cb_error, sizeof cb_error, "cuda.unfused: cannot load cuBLAS: %.150s",
+                 e ? e : "?");
+        return;
+    }
+    *(void **)&cb.create = dlsym(h, "cublasCreate_v2");
+    *(void **)&cb.destroy = dlsym(h, "cublasDestroy_v2");
+    *(void **)&cb.set_stream = dlsym(h, "cublasSetStream_v2");
+    *(void **)&cb.gemm = dlsym(h, "cublasGemmEx");
+    if (!cb.create || !cb.destroy || !cb.set_stream || !cb.gemm) {
+        snprintf(cb_error, sizeof cb_error, "cuda.unfused: %s lacks an entry point it needs",
+                 names[0]);
+        cb.create = NULL;
+    }
+}
+
 static sdpa_status cuda_fail(cudaError_t e, const char *what)
 {
     return sdpa_cuda__host->fail(e == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY
@@ -141,17 +190,20 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaSetDevice");
+    pthread_once(&cb_once, cb_load);
+    if (!cb.create)
+        return sdpa_cuda__host->fail(SDPA_NOT_AVAILABLE, "%s", cb_error);
     cublasStatus_t bs;
     if (!cublas || cublas_device != device) {
         if (cublas)
-            cublasDestroy(cublas);
+            cb.destroy(cublas);
         cublas = NULL;
-        if ((bs = cublasCreate(&cublas)) != CUBLAS_STATUS_SUCCESS)
+        if ((bs = cb.create(&cublas)) != CUBLAS_STATUS_SUCCESS)
             return blas_fail(bs, "cublasCreate");
         cublas_device = device;
     }
     cudaStream_t stream = (cudaStream_t)c->stream;
-    cublasSetStream(cublas, stream);
+    cb.set_stream(cublas, stream);
     const int64_t D = d->D, Sq = d->Sq, Skv = d->Skv, g = d->Hq / d->Hkv;
     int64_t rows = (int64_t)(256ll << 20) / (4 * Skv); /* S block of at most 256 MiB */
     rows = rows < 1 ? 1 : (rows > Sq ? Sq : rows);
@@ -178,7 +230,7 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
                     const char *qp = (const char *)q->data +
                                      (b * q->stride[0] + i0 * q->stride[1] + h * q->stride[2]) * es;
                     /* column-major: S^T [Skv x n] = (K^T)^T [Skv x D] . Q^T [D x n] */
-                    bs = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)Skv, (int)n, (int)D,
+                    bs = cb.gemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)Skv, (int)n, (int)D,
                                       &alpha, kp, cuda_type(k->dtype), (int)k->stride[1], qp,
                                       cuda_type(q->dtype), (int)q->stride[1], &zero, S, CUDA_R_32F,
                                       (int)Skv, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -190,7 +242,7 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
                     softmax_rows<<<(unsigned)n, 256, 256 * sizeof(float), stream>>>(
                         S, Skv, i0, c->causal != SDPA_CAUSAL_NONE, offset, lse);
                     /* O^T [D x n] = V^T [D x Skv] . P^T [Skv x n] */
-                    bs = cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, (int)n, (int)Skv,
+                    bs = cb.gemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, (int)n, (int)Skv,
                                       &one, Vf, CUDA_R_32F, (int)D, S, CUDA_R_32F, (int)Skv, &zero,
                                       O, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT);

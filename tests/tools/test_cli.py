@@ -333,6 +333,25 @@ r = sdpa("info", env={"SDPA_CUDA_PLUGIN": "/" + "a" * 1100})
 check(r.returncode == 0 and "1101 characters long, expected at most 1023" in r.stdout,
       f"an over-long SDPA_CUDA_PLUGIN is refused, not truncated: {r.stdout[-300:]!r}")
 
+# Resident memory of a CPU-only process: loading the CUDA plugin cost about
+# 217 MB (cuBLAS's Lt library, linked into it) before cuBLAS was opened on
+# first use; now a few MB. Measured in a fresh interpreter, whose children
+# are only this one.
+if PLUGIN and ("ASAN_OPTIONS" in os.environ or "TSAN_OPTIONS" in os.environ):
+    skipped += 1
+    print("SKIP resident memory of sdpa info: a sanitizer build (its shadow memory counts)")
+elif PLUGIN:
+    probe = ("import resource, subprocess, sys; "
+             "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+             "'loaded' in r.stdout)")
+    r = subprocess.run([sys.executable, "-c", probe, SDPA, "info"], capture_output=True, text=True,
+                       env={**os.environ, "SDPA_CUDA_PLUGIN": os.path.abspath(PLUGIN)}, timeout=120)
+    kb, loaded = (r.stdout.split() + ["0", "False"])[:2]
+    kb = int(kb)
+    check(loaded == "True", f"sdpa info loaded the plugin: {r.stdout!r} {r.stderr!r}")
+    check(0 < kb < 64 * 1024, f"sdpa info with the CUDA plugin: {kb} kB resident, expected < 64 MB")
+
 # every command's usage, three ways
 for cmd in ("run", "explain", "bench", "check", "ab", "tune", "dit", "info"):
     for args in ((cmd, "--help"), ("help", cmd)):
