@@ -76,7 +76,7 @@ sdpa_status sdpa__pool_create(int threads, sdpa_pool **out)
     *out = NULL;
     if (threads < 1)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "threads is %d, expected >= 1", threads);
-    sdpa_pool *p = calloc(1, sizeof *p);
+    sdpa_pool *p = sdpa__calloc(1, sizeof *p);
     if (!p)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "thread pool: cannot allocate");
     p->threads = threads;
@@ -85,13 +85,13 @@ sdpa_status sdpa__pool_create(int threads, sdpa_pool **out)
     pthread_cond_init(&p->start, NULL);
     pthread_cond_init(&p->done, NULL);
     if (threads > 1) {
-        p->tids = calloc((size_t)threads - 1, sizeof *p->tids);
+        p->tids = sdpa__calloc((size_t)threads - 1, sizeof *p->tids);
         if (!p->tids) {
             sdpa__pool_destroy(p);
             return sdpa__fail(SDPA_OUT_OF_MEMORY, "thread pool: cannot allocate");
         }
         for (int i = 1; i < threads; i++) {
-            worker_arg *wa = malloc(sizeof *wa);
+            worker_arg *wa = sdpa__malloc(sizeof *wa);
             if (wa)
                 wa->pool = p, wa->index = i;
             if (!wa || pthread_create(&p->tids[i - 1], NULL, worker_main, wa) != 0) {

@@ -1,5 +1,6 @@
 /* strbuf.c - see strbuf.h. */
 #include "strbuf.h"
+#include "core.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -14,7 +15,7 @@ static int reserve(sdpa_strbuf *sb, size_t extra)
     size_t cap = sb->cap ? sb->cap : 256;
     while (cap < sb->len + extra + 1)
         cap *= 2;
-    char *s = realloc(sb->s, cap);
+    char *s = sdpa__realloc(sb->s, cap);
     if (!s) {
         sb->oom = 1;
         return 0;

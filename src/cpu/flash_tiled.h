@@ -328,9 +328,9 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
     const size_t per = per_qb * (size_t)jb.split.qb_per_task + (size_t)BK * BQ +
                        (size_t)(2 * BK * D) + (size_t)D + 64;
-    float *mem = aligned_alloc(64, ((per * (size_t)threads * sizeof(float)) + 63) / 64 * 64);
-    jb.ws = calloc((size_t)threads, sizeof *jb.ws);
-    qblock *qbs = calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
+    float *mem = sdpa__aligned_alloc(64, per * (size_t)threads * sizeof(float));
+    jb.ws = sdpa__calloc((size_t)threads, sizeof *jb.ws);
+    qblock *qbs = sdpa__calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
     if (!mem || !jb.ws || !qbs) {
         free(mem), free(jb.ws), free(qbs);
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",

@@ -246,7 +246,7 @@ sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
         }
         if (len + n + 1 > cap) {
             cap = (len + n + 1) * 2;
-            char *t = realloc(text, cap);
+            char *t = sdpa__realloc(text, cap);
             if (!t) {
                 free(text);
                 fclose(f);
@@ -263,7 +263,7 @@ sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
         free(text);
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' cannot be read", path);
     }
-    if (!text && !(text = calloc(1, 1)))
+    if (!text && !(text = sdpa__calloc(1, 1)))
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "policy file '%s': cannot allocate", path);
     text[len] = '\0';
     if (strlen(text) != len) {
@@ -412,7 +412,7 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     if (o->log_level < -1 || o->log_level > SDPA_LOG_DEBUG)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "opts->log_level is %d, expected -1..3",
                           o->log_level);
-    sdpa_context *ctx = calloc(1, sizeof *ctx);
+    sdpa_context *ctx = sdpa__calloc(1, sizeof *ctx);
     if (!ctx)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate a context");
     pthread_mutex_init(&ctx->pool_lock, NULL);

@@ -404,7 +404,7 @@ sdpa_status sdpa_explain(sdpa_context *ctx, const sdpa_call_desc *desc, int json
     if (!ctx || !text)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "text" : "ctx");
     *text = NULL;
-    sdpa_decision *dec = malloc(sizeof *dec);
+    sdpa_decision *dec = sdpa__malloc(sizeof *dec);
     if (!dec)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "explain: cannot allocate");
     int cand[SDPA_MAX_CANDIDATES];

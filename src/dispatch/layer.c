@@ -173,7 +173,7 @@ sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc, sd
     *out = NULL;
     if (!desc)
         desc = &defaults;
-    sdpa_layer *l = calloc(1, sizeof *l);
+    sdpa_layer *l = sdpa__calloc(1, sizeof *l);
     if (!l)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate a layer");
     l->ctx = ctx;
@@ -249,7 +249,7 @@ static sdpa_status layer_decision(sdpa_layer *l, const sdpa_call_desc *d, cache_
     if (hit)
         return SDPA_OK;
 
-    sdpa_decision *dec = malloc(sizeof *dec);
+    sdpa_decision *dec = sdpa__malloc(sizeof *dec);
     if (!dec)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "layer '%s': cannot allocate a decision", l->name);
     memset(out, 0, sizeof *out);

@@ -330,7 +330,7 @@ sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_k
 {
     *out = NULL;
     parser ps = {origin, 0, known, user};
-    sdpa_policy *pol = calloc(1, sizeof *pol);
+    sdpa_policy *pol = sdpa__calloc(1, sizeof *pol);
     if (!pol)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate rules", origin);
     int cap = 0;
@@ -388,7 +388,7 @@ sdpa_status sdpa__policy_parse(const char *text, const char *origin, sdpa_name_k
                 break;
             if (pol->n == cap) {
                 int ncap = cap ? cap * 2 : 16;
-                sdpa_rule *nr = realloc(pol->rules, sizeof *nr * (size_t)ncap);
+                sdpa_rule *nr = sdpa__realloc(pol->rules, sizeof *nr * (size_t)ncap);
                 if (!nr) {
                     st = sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate rules", origin);
                     break;

@@ -91,7 +91,7 @@ static sdpa_status ref_run(const sdpa_backend *self, const sdpa_call *c)
     (void)self;
     int threads = sdpa__pool_threads(c->pool);
     size_t per = (size_t)(c->desc.Skv + c->desc.D);
-    ref_job job = {c, malloc(sizeof(double) * per * (size_t)threads)};
+    ref_job job = {c, sdpa__malloc(sizeof(double) * per * (size_t)threads)};
     if (!job.work)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "ref: cannot allocate %zu bytes of work space",
                           sizeof(double) * per * (size_t)threads);

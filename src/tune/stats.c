@@ -18,7 +18,7 @@ double sdpa_median(const double *x, int n)
 {
     if (n <= 0 || !x)
         return NAN;
-    double small[64], *tmp = n <= 64 ? small : malloc(sizeof(double) * (size_t)n);
+    double small[64], *tmp = n <= 64 ? small : sdpa__malloc(sizeof(double) * (size_t)n);
     if (!tmp)
         return x[0];
     memcpy(tmp, x, sizeof(double) * (size_t)n);
@@ -42,8 +42,8 @@ void sdpa_ab_compare(const double *a, const double *b, int n, double min_gain,
     out->median_a = sdpa_median(a, n);
     out->median_b = sdpa_median(b, n);
     out->ratio = out->median_b / out->median_a;
-    double *ra = malloc(sizeof(double) * (size_t)n), *rb = malloc(sizeof(double) * (size_t)n);
-    double *ratios = malloc(sizeof(double) * RESAMPLES);
+    double *ra = sdpa__malloc(sizeof(double) * (size_t)n), *rb = sdpa__malloc(sizeof(double) * (size_t)n);
+    double *ratios = sdpa__malloc(sizeof(double) * RESAMPLES);
     if (!ra || !rb || !ratios) {
         free(ra), free(rb), free(ratios);
         out->lo = 0, out->hi = 1e300; /* no interval: no verdict */

@@ -46,7 +46,7 @@ static sdpa_status row_data_make(row_data *r, const sdpa_call_desc *d)
                          (size_t)(d->B * d->Sq * d->Hq * d->D)};
     uint64_t s = 0x9e3779b97f4a7c15ull;
     for (int t = 0; t < 4; t++) {
-        r->mem[t] = malloc((t == 3 ? 4 : es) * (n[t] ? n[t] : 1));
+        r->mem[t] = sdpa__malloc((t == 3 ? 4 : es) * (n[t] ? n[t] : 1));
         if (!r->mem[t])
             return sdpa__fail(SDPA_OUT_OF_MEMORY, "tune: cannot allocate the row's tensors");
         for (size_t i = 0; t < 3 && i < n[t]; i++) {
@@ -169,8 +169,8 @@ sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
                     date, ctx->host.cpu_model, sdpa__pool_threads(pool), isa, SDPA_VERSION_STRING,
                     o.reps, o.min_gain * 100, SDPA_VERSION_STRING, ctx->host.cpu_model, isa);
 
-    double *t = malloc(sizeof(double) * (size_t)o.reps * SDPA_MAX_BACKENDS);
-    sdpa_decision *dec = malloc(sizeof *dec);
+    double *t = sdpa__malloc(sizeof(double) * (size_t)o.reps * SDPA_MAX_BACKENDS);
+    sdpa_decision *dec = sdpa__malloc(sizeof *dec);
     if (!t || !dec) {
         free(t), free(dec), free(sdpa__sb_take(&sb));
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "tune: cannot allocate");

@@ -321,9 +321,9 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dp * 4) + 2 * R64(BQ * 4);
     const size_t per = per_qb * (size_t)jb.split.qb_per_task + R64(BQ * BK * 4) + R64(BQ * BK * 2) +
                        2 * R64(BK * Dp * 2) + R64(Dp * 2) + R64(Dp * 4);
-    char *mem = aligned_alloc(64, per * (size_t)threads);
-    jb.ws = calloc((size_t)threads, sizeof *jb.ws);
-    amx_qblock *qbs = calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
+    char *mem = sdpa__aligned_alloc(64, per * (size_t)threads);
+    jb.ws = sdpa__calloc((size_t)threads, sizeof *jb.ws);
+    amx_qblock *qbs = sdpa__calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
     if (!mem || !jb.ws || !qbs) {
         free(mem), free(jb.ws), free(qbs);
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",

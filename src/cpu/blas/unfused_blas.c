@@ -202,7 +202,7 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     const int threads = sdpa__pool_threads(c->pool);
     blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
                   (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
-    j.mem = malloc(sizeof(float) * j.per * (size_t)threads);
+    j.mem = sdpa__malloc(sizeof(float) * j.per * (size_t)threads);
     if (!j.mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.blas: cannot allocate %zu bytes of scores",
                           sizeof(float) * j.per * (size_t)threads);

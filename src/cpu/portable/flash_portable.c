@@ -186,8 +186,8 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
     /* q, kraw, kt, v, o: Dp x 64 each; s: 64 x 64; m, l: 64 each. */
     const size_t per = (size_t)5 * Dp * 64 + 64 * 64 + 2 * 64;
     flash_job job = {c, Dp, (c->desc.Sq + BQ - 1) / BQ, NULL};
-    float *mem = calloc(per * (size_t)threads, sizeof(float));
-    job.ws = calloc((size_t)threads, sizeof *job.ws);
+    float *mem = sdpa__calloc(per * (size_t)threads, sizeof(float));
+    job.ws = sdpa__calloc((size_t)threads, sizeof *job.ws);
     if (!mem || !job.ws) {
         free(mem), free(job.ws);
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.portable: cannot allocate %zu bytes of tiles",

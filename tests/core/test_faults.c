@@ -1,0 +1,195 @@
+/*
+ * test_faults.c - out of memory at every allocation of a call, SQLite's
+ * way: the n-th allocation is made to fail, for n = 1, 2, ... until a run
+ * makes fewer than n allocations (so every one was failed once). Each
+ * failed run must return OUT_OF_MEMORY with a message, write nothing into
+ * the outputs, and leak nothing (the AddressSanitizer build of this test
+ * checks leaks at exit). Covered: context creation, loading rules, one
+ * forward call on every present CPU backend (with a fresh context, so
+ * that the worker pool is started inside the call), a layer's first
+ * call, and explain.
+ */
+#include "core/core.h"
+#include "support/testlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef sdpa_status (*operation)(void *arg);
+
+/* Runs op with the n-th allocation failing, for every n; returns how many
+ * allocations the successful run made. */
+static int64_t every_allocation(const char *what, operation op, void *arg,
+                                void (*check_untouched)(void *arg, const char *what, int64_t n))
+{
+    for (int64_t n = 1; n < 10000; n++) {
+        sdpa__alloc_fail_at(n);
+        sdpa_status st = op(arg);
+        const int64_t made = sdpa__alloc_count();
+        sdpa__alloc_fail_at(0);
+        if (made < n) { /* nothing failed: the run must have succeeded */
+            CHECK(st == SDPA_OK, "%s with no failure injected: %s: %s", what,
+                  sdpa_status_string(st), sdpa_last_error());
+            return made;
+        }
+        CHECK(st == SDPA_OUT_OF_MEMORY && sdpa_last_error()[0],
+              "%s, allocation %lld failed: got %s (\"%s\"), expected out of memory with a "
+              "message",
+              what, (long long)n, sdpa_status_string(st), sdpa_last_error());
+        if (check_untouched)
+            check_untouched(arg, what, n);
+    }
+    CHECK(0, "%s: more than 10000 allocations", what);
+    return 0;
+}
+
+/* ---- context creation and rules */
+
+static sdpa_status create_context(void *arg)
+{
+    (void)arg;
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.ignore_env = 1;
+    o.threads = 2;
+    sdpa_context *ctx = NULL;
+    sdpa_status st = sdpa_context_create(&o, &ctx);
+    CHECK((st == SDPA_OK) == (ctx != NULL), "context returned with status %s",
+          sdpa_status_string(st));
+    sdpa_context_destroy(ctx);
+    return st;
+}
+
+static sdpa_status load_rules(void *arg)
+{
+    return sdpa_context_load_policy_text(arg,
+                                         "rule mine\ndevice cpu\nD 64-128\ntry cpu.portable ref\n"
+                                         "evidence a test\nrule other\ntry ref\nevidence x\n",
+                                         "faults.rules");
+}
+
+/* ---- a forward call */
+
+typedef struct forward_arg {
+    const char *backend; /* NULL: the dispatcher's choice */
+    int layer;           /* 1: through a fresh layer handle */
+    tl_problem p;
+    tl_output out;
+    unsigned char *before; /* out's bytes before the call */
+    float *lse_before;
+} forward_arg;
+
+/* One call with the n-th allocation inside it failing; the context (and
+ * layer) are made before the failures are armed. *made: allocations the
+ * call made. */
+static sdpa_status forward(forward_arg *a, int64_t n, int64_t *made)
+{
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.ignore_env = 1;
+    o.threads = 2; /* the pool starts inside the call */
+    sdpa_context *ctx;
+    sdpa_layer *layer = NULL;
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.name = "faults.attn";
+    if (sdpa_context_create(&o, &ctx) != SDPA_OK ||
+        (a->layer && sdpa_layer_create(ctx, &ld, &layer) != SDPA_OK))
+        return SDPA_INTERNAL;
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = a->backend;
+    prm.causal = a->p.c.causal;
+    sdpa__alloc_fail_at(n);
+    sdpa_status st = layer ? sdpa_layer_forward(layer, &a->p.q, &a->p.k, &a->p.v, &a->out.t,
+                                                a->out.lse, &prm)
+                           : sdpa_forward(ctx, &a->p.q, &a->p.k, &a->p.v, &a->out.t, a->out.lse,
+                                          &prm);
+    *made = sdpa__alloc_count();
+    sdpa__alloc_fail_at(0);
+    char msg[512]; /* destroy clears nothing, but keep the message safe anyway */
+    snprintf(msg, sizeof msg, "%s", sdpa_last_error());
+    sdpa_layer_destroy(layer);
+    sdpa_context_destroy(ctx);
+    if (st != SDPA_OK && !msg[0])
+        return SDPA_INTERNAL; /* reported below as "no message" */
+    return st;
+}
+
+/* every_allocation for forward(), checking the outputs after each failure. */
+static void forward_every_allocation(const char *what, forward_arg *a)
+{
+    const size_t nl = (size_t)(a->p.c.B * a->p.c.Hq * a->p.c.Sq) * sizeof(float);
+    for (int64_t n = 1; n < 10000; n++) {
+        int64_t made = 0;
+        sdpa_status st = forward(a, n, &made);
+        if (made < n) {
+            CHECK(st == SDPA_OK, "%s with no failure injected: %s", what,
+                  sdpa_status_string(st));
+            printf("%s: %lld allocations, each failed once\n", what, (long long)made);
+            return;
+        }
+        CHECK(st == SDPA_OUT_OF_MEMORY,
+              "%s, allocation %lld failed: got %s, expected out of memory with a message", what,
+              (long long)n, sdpa_status_string(st));
+        CHECK(memcmp(a->out.mem, a->before, a->out.bytes) == 0 &&
+                  memcmp(a->out.lse, a->lse_before, nl) == 0,
+              "%s, allocation %lld failed: the output was written", what, (long long)n);
+    }
+    CHECK(0, "%s: more than 10000 allocations", what);
+}
+
+static sdpa_status explain(void *arg)
+{
+    sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
+                        1, 0, NULL, NULL, NULL};
+    char *text = NULL;
+    sdpa_status st = sdpa_explain(arg, &d, 1, &text);
+    CHECK((st == SDPA_OK) == (text != NULL), "explain text with status %s",
+          sdpa_status_string(st));
+    sdpa_free(text);
+    return st;
+}
+
+int main(void)
+{
+    tl_seed_from_env();
+    int64_t n = every_allocation("sdpa_context_create", create_context, NULL, NULL);
+    printf("sdpa_context_create: %lld allocations, each failed once\n", (long long)n);
+    sdpa_context *ctx = tl_context(NULL);
+    n = every_allocation("sdpa_context_load_policy_text", load_rules, ctx, NULL);
+    printf("sdpa_context_load_policy_text: %lld allocations, each failed once\n", (long long)n);
+    n = every_allocation("sdpa_explain", explain, ctx, NULL);
+    printf("sdpa_explain: %lld allocations, each failed once\n", (long long)n);
+
+    const char *names[SDPA_MAX_BACKENDS + 1];
+    sdpa_dtype dtypes[SDPA_MAX_BACKENDS + 1];
+    int nb = 0;
+    dtypes[nb] = SDPA_BF16, names[nb++] = NULL; /* the dispatcher's choice */
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        if (sdpa_backend_get(ctx, i, &b) == SDPA_OK && b.present && b.device == SDPA_DEVICE_CPU) {
+            dtypes[nb] = b.dtypes & (1u << SDPA_BF16) ? SDPA_BF16 : SDPA_F32;
+            names[nb++] = b.name;
+        }
+    }
+    for (int i = 0; i < nb; i++)
+        for (int layer = 0; layer <= (names[i] == NULL); layer++) {
+            forward_arg a;
+            memset(&a, 0, sizeof a);
+            a.backend = names[i], a.layer = layer;
+            tl_case c = {1, 70, 45, 4, 2, 64, dtypes[i], SDPA_F32, SDPA_CAUSAL_TOP_LEFT,
+                         TL_BSHD, 1, TL_UNIFORM, 0};
+            if (!tl_problem_make(&a.p, &c) || !tl_output_make(&a.out, &a.p))
+                return 1;
+            const size_t nl = (size_t)(c.B * c.Hq * c.Sq);
+            a.before = malloc(a.out.bytes);
+            a.lse_before = malloc(nl * sizeof(float));
+            memcpy(a.before, a.out.mem, a.out.bytes);
+            memcpy(a.lse_before, a.out.lse, nl * sizeof(float));
+            char what[96];
+            snprintf(what, sizeof what, "%s on %s", layer ? "sdpa_layer_forward" : "sdpa_forward",
+                     names[i] ? names[i] : "the dispatcher's choice");
+            forward_every_allocation(what, &a);
+            free(a.before), free(a.lse_before);
+            tl_output_free(&a.out), tl_problem_free(&a.p);
+        }
+    sdpa_context_destroy(ctx);
+    return tl_finish();
+}
