@@ -3,6 +3,9 @@
 #   build/        optimised, warnings as errors: the whole CTest suite
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid)
+#   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser and the
+#                 .npy reader, SDPA_FUZZ_SECONDS (default 20) each, from the
+#                 corpora in tests/fuzz/corpus (new inputs stay in build-fuzz/)
 # Installs what it needs first (scripts/deps.sh). Fresh random inputs each
 # run; a failing test prints SDPA_TEST_SEED=... to repeat it.
 set -euo pipefail
@@ -27,3 +30,22 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=
 TSAN_OPTIONS=halt_on_error=1 \
   configure_and_test build-tsan "test_dispatch|test_grid" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
+
+echo "== build-fuzz"
+CC=clang cmake -S . -B build-fuzz -DSDPA_WERROR=ON -DSDPA_CUDA=OFF -DSDPA_FUZZ=ON \
+  -DSDPA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_policy fuzz_npy >/dev/null
+fuzz_passed=0
+for t in policy npy; do
+  mkdir -p "build-fuzz/corpus-$t"
+  if ! (cd build-fuzz && "tests/fuzz_$t" -max_total_time="${SDPA_FUZZ_SECONDS:-20}" -timeout=10 \
+      -rss_limit_mb=2048 -print_final_stats=0 "corpus-$t" "../tests/fuzz/corpus/$t" \
+      > "fuzz-$t.log" 2>&1); then
+    tail -40 "build-fuzz/fuzz-$t.log"
+    echo "fuzz: $fuzz_passed passed, 1 failed (fuzz_$t; the input is in build-fuzz/crash-*)"
+    exit 1
+  fi
+  tail -1 "build-fuzz/fuzz-$t.log"
+  fuzz_passed=$((fuzz_passed + 1))
+done
+echo "fuzz: $fuzz_passed passed, 0 failed"

@@ -80,6 +80,14 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errn)
     FILE *f = fopen(path, "rb");
     if (!f)
         return snprintf(err, errn, "%s: cannot open: %s", path, strerror(errno)), -1;
+    int rc = npy_read_stream(f, path, out, err, errn);
+    fclose(f);
+    return rc;
+}
+
+int npy_read_stream(FILE *f, const char *path, npy_array *out, char *err, size_t errn)
+{
+    memset(out, 0, sizeof *out);
     unsigned char magic[10];
     char *hdr = NULL;
     int rc = -1;
@@ -137,6 +145,8 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errn)
         const char *end = descr[0] == '\'' ? strchr(descr + 1, '\'') : NULL;
         if (end && end - descr - 1 < (long)sizeof code)
             snprintf(code, sizeof code, "%.*s", (int)(end - descr - 1), descr + 1);
+        for (char *c = code; *c; c++) /* the message stays one printable line */
+            *c = *c >= 0x20 && *c < 0x7f ? *c : '?';
         const char *name = strcmp(code + 1, "f8") == 0 ? "float64"
                            : code[1] == 'i'            ? "an integer type"
                                                        : "this dtype";
@@ -180,6 +190,16 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errn)
         goto done;
     }
     size_t bytes = (size_t)out->count * esize;
+    /* A seekable input must hold the data before it is allocated: a small
+     * file claiming a huge shape is refused, not given gigabytes. */
+    long here = ftell(f);
+    if (here >= 0 && fseek(f, 0, SEEK_END) == 0) {
+        long end = ftell(f);
+        if (fseek(f, here, SEEK_SET) != 0 || (end >= here && (uint64_t)(end - here) < bytes)) {
+            fail(err, errn, path, "truncated data (file shorter than its shape says)");
+            goto done;
+        }
+    }
     out->data = malloc(bytes ? bytes : 1);
     if (!out->data) {
         fail(err, errn, path, "out of memory reading data");
@@ -192,7 +212,6 @@ int npy_read(const char *path, npy_array *out, char *err, size_t errn)
     rc = 0;
 done:
     free(hdr);
-    fclose(f);
     if (rc != 0)
         npy_free(out);
     return rc;

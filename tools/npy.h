@@ -21,6 +21,8 @@ typedef struct npy_array {
 
 /* 0 on success; otherwise -1 and a one-line reason in err. */
 int npy_read(const char *path, npy_array *out, char *err, size_t errn);
+/* The same from an open stream; path names it in messages. */
+int npy_read_stream(FILE *f, const char *path, npy_array *out, char *err, size_t errn);
 /* Writes a float32 C-order array to f; 0, or -1 (errno says why). Callers
  * that must not leave a partial file write through output.h. */
 int npy_write_f32(FILE *f, const float *data, int ndim, const int64_t *shape);
