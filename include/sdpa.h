@@ -278,9 +278,10 @@ typedef void (*sdpa_log_fn)(sdpa_log_level level, const char *message, void *use
  *                process-wide pool of its width, shared with every other
  *                context that asks, so a process with many contexts keeps
  *                one set of threads (their parallel calls then take turns).
- *                bench/contexts.c, 2 busy contexts on 2 cores: private
- *                pools 0.58-1.15x the time of the same calls in series,
- *                shared 1.00-1.09x (private wins on small calls).
+ *                bench/contexts.c, 2 busy contexts on 2 cores
+ *                (bench/results/2026-11-29-contexts.txt): private pools
+ *                0.81-0.96x the time of the same calls in series, shared
+ *                1.01-1.09x (private wins most on small calls).
  * Environment values are validated: an unknown backend in SDPA_BACKEND or a
  * bad SDPA_LOG fails context creation with INVALID_ARGUMENT.
  */

@@ -175,6 +175,15 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         sdpa__strlcpy(r->evidence, value, sizeof r->evidence);
         return SDPA_OK;
     }
+    /* The raw results the evidence cites, and the figures taken from them,
+     * in a form tests/dispatch/test_evidence.py recomputes; the dispatcher
+     * only checks that they are there. */
+    if (strcmp(key, "source") == 0 || strcmp(key, "claim") == 0) {
+        if (!*value)
+            return perr(ps, "'%s' is empty, expected %s", key,
+                        key[0] == 's' ? "a results file" : "a figure and its rows");
+        return SDPA_OK;
+    }
     char *w[SDPA_MAX_CANDIDATES];
     int n = split_words(value, w, SDPA_MAX_CANDIDATES);
     if (n == 0)
@@ -260,7 +269,7 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         if (i == 6)
             return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, dtype, causal, "
                             "lse, deterministic, quant, component, B, Sq, Skv, Hq, Hkv, D, "
-                            "same_seq, same_heads, try or evidence)%s",
+                            "same_seq, same_heads, try, evidence, source or claim)%s",
                         key, "");
         if (n != 1 || !parse_range(w[0], 0, dst[i]))
             return perr(ps, "'%s' is not a range for %s, expected N, N-M, >=N or <=N", raw, key);
