@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 suite=${1:-smoke}
 shift || true
-shapes=${SDPA_SHAPES_DIR:-../shared/shapes}
+
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
 build/sdpa info
@@ -18,4 +18,4 @@ echo
 # every fast backend (the reference would take hours).
 backends=all
 [ "$suite" = smoke ] || backends=
-build/sdpa bench --suite "$shapes/$suite.tsv" ${backends:+--backends $backends} --reps 3 "$@"
+build/sdpa bench --suite "$suite" ${backends:+--backends $backends} --reps 3 "$@"

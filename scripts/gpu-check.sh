@@ -17,7 +17,7 @@ set -uo pipefail
 out=${1:?usage: scripts/gpu-check.sh RESULTS_DIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-shapes=${SDPA_SHAPES_DIR:-../shared/shapes}
+shapes=${SDPA_SHAPES_DIR:-bench/shapes}
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 

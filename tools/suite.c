@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int read_suite(const char *path, row *rows, int *n_rows)
 {
@@ -58,12 +59,59 @@ static int read_suite(const char *path, row *rows, int *n_rows)
     return 0;
 }
 
+/*
+ * A suite by name ("diffusion-cpu") or path. A name (no '/', no ".tsv") is
+ * looked up as NAME.tsv in $SDPA_SHAPES_DIR, beside the installed tool
+ * (../share/libsdpa/shapes, so an installed tree can move), in the data
+ * directory it was installed to, then in the source tree it was built
+ * from (bench/shapes); the first that exists wins.
+ */
+static int suite_path(const char *suite, char *path, size_t n)
+{
+    const size_t len = strlen(suite);
+    if (strchr(suite, '/') || (len > 4 && strcmp(suite + len - 4, ".tsv") == 0)) {
+        snprintf(path, n, "%s", suite);
+        return 1;
+    }
+    char exe[4096] = "", near[4096] = "";
+    ssize_t got = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (got > 0) {
+        exe[got] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(near, sizeof near, "%.4000s/../share/libsdpa/shapes", exe);
+        }
+    }
+    const char *env = getenv("SDPA_SHAPES_DIR");
+    const char *dirs[] = {env && *env ? env : NULL, near[0] ? near : NULL, SDPA_SHAPES_INSTALLED,
+                          SDPA_SHAPES_SOURCE};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        if (!dirs[i])
+            continue;
+        snprintf(path, n, "%s/%s.tsv", dirs[i], suite);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            fclose(f);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int suite_load(const char *suite, const char *shape, row *rows, int *n_rows)
 {
     if (!!suite == !!shape)
-        return tool_usage_error("give exactly one of --suite FILE or --shape B,Sq,Skv,Hq,Hkv,D");
+        return tool_usage_error("give exactly one of --suite NAME|FILE or --shape "
+                                "B,Sq,Skv,Hq,Hkv,D");
+    char path[4200];
+    if (suite && !suite_path(suite, path, sizeof path))
+        return tool_usage_error("--suite '%s': no %s.tsv in $SDPA_SHAPES_DIR, beside the tool, "
+                                "in %s or in %s; expected a suite name (smoke, diffusion-cpu, "
+                                "diffusion-gpu) or a path",
+                                suite, suite, SDPA_SHAPES_INSTALLED, SDPA_SHAPES_SOURCE);
     if (suite)
-        return read_suite(suite, rows, n_rows);
+        return read_suite(path, rows, n_rows);
     memset(&rows[0], 0, sizeof rows[0]);
     if (!tool_parse_shape(shape, &rows[0].d) || rows[0].d.Hq % rows[0].d.Hkv)
         return tool_usage_error("--shape '%s' is not six positive integers B,Sq,Skv,Hq,Hkv,D "
