@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # test.sh - builds libsdpa and runs every test, three ways:
-#   build/        optimised, warnings as errors: the whole CTest suite
+#   build/        optimised, warnings as errors: the whole CTest suite; then
+#                 installed into a temporary prefix, the examples/ built and
+#                 run against it, and the .deb packed, installed and removed
+#                 (scripts/examples.sh)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid)
 #   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser and the
@@ -24,6 +27,8 @@ configure_and_test() { # dir, ctest filter, cmake flags...
 }
 
 configure_and_test build "" -DCMAKE_BUILD_TYPE=Release
+echo "== install, examples and the .deb"
+scripts/examples.sh build
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
