@@ -10,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "commands.h"
+#include "output.h"
 #include "tool.h"
 #include "suite.h"
 
@@ -24,9 +25,23 @@
  * GFLOP/s per backend per row as grouped bars, with the measured ceiling
  * as a dashed line: a picture of the table, written as plain SVG.
  */
-static int write_plot(const char *path, const row *rows, int n_rows, const char *const *names,
-                      int nb, const double *gf, double ceiling)
+typedef struct plot {
+    const row *rows;
+    int n_rows;
+    const char *const *names;
+    int nb;
+    const double *gf;
+    double ceiling;
+} plot;
+
+static int write_plot(FILE *f, const void *user, char *err, size_t errn)
 {
+    const plot *pl = user;
+    const row *rows = pl->rows;
+    const int n_rows = pl->n_rows, nb = pl->nb;
+    const char *const *names = pl->names;
+    const double *gf = pl->gf, ceiling = pl->ceiling;
+    (void)err, (void)errn; /* errno says why */
     static const char *colours[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
                                     "#59a14f", "#edc948", "#b07aa1", "#ff9da7"};
     double top = ceiling;
@@ -35,9 +50,6 @@ static int write_plot(const char *path, const row *rows, int n_rows, const char 
     top = top > 0 ? top * 1.1 : 1;
     const int left = 60, bottom = 120, group = 14 * nb + 16, height = 360;
     const int width = left + 20 + group * n_rows + 160;
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return tool_usage_error("--plot: cannot create '%s'", path);
     fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' "
                "font-family='sans-serif' font-size='11'>\n<rect width='100%%' height='100%%' "
                "fill='white'/>\n", width, height + bottom + 30);
@@ -70,9 +82,7 @@ static int write_plot(const char *path, const row *rows, int n_rows, const char 
                    "<text x='%d' y='%d'>%s</text>\n",
                 width - 150, 40 + 18 * b, colours[b % 8], width - 132, 50 + 18 * b, names[b]);
     fprintf(f, "</svg>\n");
-    if (fclose(f) != 0)
-        return tool_usage_error("--plot: cannot write '%s'", path);
-    return 0;
+    return ferror(f) || fflush(f) != 0 ? -1 : 0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -109,6 +119,12 @@ int cmd_bench(int argc, char **argv)
     if ((rc = suite_args(f[SUITE].value, f[SHAPE].value, f[DTYPE].value, f[THREADS].value, rows,
                          &n_rows, &dtype, &threads)) != 0)
         return rc;
+    if (f[PLOT].value) { /* a bad --plot path fails now, not after the run */
+        tool_output probe = {"--plot", f[PLOT].value, write_plot, NULL, "", 0, 0};
+        char err[640];
+        if (tool_outputs_resolve(&probe, 1, err, sizeof err) != 0)
+            return tool_usage_error("%s", err);
+    }
     sdpa_causal causal = SDPA_CAUSAL_NONE;
     if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &causal))
         return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
@@ -326,8 +342,14 @@ int cmd_bench(int argc, char **argv)
     suite_print_unclaimed(json);
     if (rc == 0 && failed)
         rc = 1; /* a backend that takes the call failed it: say so in the exit code */
-    if (rc == 0 && f[PLOT].value)
-        rc = write_plot(f[PLOT].value, rows, n_rows, names, nb, plot_gf, ceiling);
+    if (rc == 0 && f[PLOT].value) {
+        plot pl = {rows, n_rows, names, nb, plot_gf, ceiling};
+        tool_output o1 = {"--plot", f[PLOT].value, write_plot, &pl, "", 0, 0};
+        char err[640];
+        if (tool_outputs_resolve(&o1, 1, err, sizeof err) != 0 ||
+            tool_outputs_write(&o1, 1, err, sizeof err) != 0)
+            rc = tool_usage_error("%s", err);
+    }
     sdpa_context_destroy(ctx);
     return rc;
 }

@@ -31,6 +31,7 @@
 #include "dit.h"
 #include "image.h"
 #include "commands.h"
+#include "output.h"
 #include "tool.h"
 
 #include <math.h>
@@ -520,6 +521,11 @@ static int sample(const dit_config *cfg, uint64_t seed, int steps, int threads,
     return rc;
 }
 
+static int write_png(FILE *f, const void *user, char *err, size_t errn)
+{
+    return image_write_png(f, user, err, errn);
+}
+
 int cmd_dit(int argc, char **argv)
 {
     tool_flag f[] = {{"--config", 1, NULL}, {"--steps", 1, NULL},   {"--seed", 1, NULL},
@@ -581,37 +587,43 @@ int cmd_dit(int argc, char **argv)
             n_arms = 2;
         }
     }
+    image im[2] = {{0, 0, NULL}, {0, 0, NULL}}, heat = {0, 0, NULL};
+    /* The images (one per arm, and the difference for two), written all
+     * or nothing at the end; bad paths fail before the sampling. */
+    char err[640], paths[3][1024];
+    tool_output outs[3];
+    const int n_out = n_arms == 2 ? 3 : 1;
+    const image *pics[3] = {&im[0], &im[1], &heat};
+    for (int i = 0; i < n_out; i++) {
+        if (i < 2)
+            snprintf(paths[i], sizeof paths[i], n_arms == 2 ? "%s-%c.png" : "%s.png", out,
+                     'a' + i);
+        else
+            snprintf(paths[i], sizeof paths[i], "%s-diff.png", out);
+        outs[i] = (tool_output){"--out", paths[i], write_png, pics[i], "", 0, 0};
+    }
+    if (tool_outputs_resolve(outs, n_out, err, sizeof err) != 0)
+        return tool_usage_error("dit: %s", err);
     printf("# sdpa dit --config %s: %d frame(s) of %dx%dx%d latent, %d tokens + %d text, width "
            "%d, %d heads of %d, %d blocks, %lld Euler steps, seed %lld\n",
            cfg->name, cfg->frames, cfg->lat_h, cfg->lat_w, cfg->lat_c,
            cfg->frames * (cfg->lat_h / cfg->patch) * (cfg->lat_w / cfg->patch), cfg->txt_tokens,
            cfg->width, cfg->heads, cfg->width / cfg->heads, cfg->blocks, steps, seed);
-    image im[2] = {{0, 0, NULL}, {0, 0, NULL}}, heat = {0, 0, NULL};
-    char err[512], path[1024];
-    for (int a = 0; a < n_arms && rc == 0; a++) {
+    for (int a = 0; a < n_arms && rc == 0; a++)
         rc = sample(cfg, (uint64_t)seed, (int)steps, (int)threads,
                     f[BACKENDS].value ? arms[a] : NULL, f[RULES].value ? arms[a] : NULL, dt[a],
                     &im[a], f[VERBOSE].value != NULL);
-        if (rc)
-            break;
-        snprintf(path, sizeof path, n_arms == 2 ? "%s-%c.png" : "%s.png", out, 'a' + a);
-        if (image_write_png(&im[a], path, err, sizeof err) != 0)
-            rc = tool_usage_error("dit: %s", err);
-        else
-            printf("wrote %s (%dx%d)\n", path, im[a].w, im[a].h);
-    }
-    if (rc == 0 && n_arms == 2) {
-        snprintf(path, sizeof path, "%s-diff.png", out);
-        if (!image_diff_heatmap(&im[0], &im[1], &heat))
-            rc = tool_usage_error("dit: out of memory");
-        else if (image_write_png(&heat, path, err, sizeof err) != 0)
-            rc = tool_usage_error("dit: %s", err);
-        else
-            printf("wrote %s (|a - b| x 8)\nPSNR %.2f dB, SSIM %.5f between %s/%s and %s/%s\n",
-                   path, image_psnr(&im[0], &im[1]), image_ssim(&im[0], &im[1]),
-                   arms[0] ? arms[0] : "dispatcher", sdpa_dtype_name(dt[0]),
-                   arms[1] ? arms[1] : "dispatcher", sdpa_dtype_name(dt[1]));
-    }
+    if (rc == 0 && n_arms == 2 && !image_diff_heatmap(&im[0], &im[1], &heat))
+        rc = tool_usage_error("dit: out of memory");
+    if (rc == 0 && tool_outputs_write(outs, n_out, err, sizeof err) != 0)
+        rc = tool_usage_error("dit: %s (no existing file was replaced)", err);
+    for (int i = 0; i < n_out && rc == 0; i++)
+        printf("wrote %s (%dx%d%s)\n", paths[i], pics[i]->w, pics[i]->h,
+               i == 2 ? ", |a - b| x 8" : "");
+    if (rc == 0 && n_arms == 2)
+        printf("PSNR %.2f dB, SSIM %.5f between %s/%s and %s/%s\n", image_psnr(&im[0], &im[1]),
+               image_ssim(&im[0], &im[1]), arms[0] ? arms[0] : "dispatcher",
+               sdpa_dtype_name(dt[0]), arms[1] ? arms[1] : "dispatcher", sdpa_dtype_name(dt[1]));
     image_free(&im[0]), image_free(&im[1]), image_free(&heat);
     return rc;
 }

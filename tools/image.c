@@ -90,14 +90,9 @@ int image_diff_heatmap(const image *a, const image *b, image *out)
     return 1;
 }
 
-int image_write_png(const image *im, const char *path, char *err, int errn)
+int image_write_png(FILE *f, const image *im, char *err, size_t errn)
 {
 #ifdef SDPA_HAVE_PNG
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return snprintf(err, (size_t)errn, "%s: cannot create: %s", path, strerror(errno)), -1;
     png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
     png_infop info = png ? png_create_info_struct(png) : NULL;
     volatile int ok = png && info; /* survives a longjmp from libpng */
@@ -113,15 +108,12 @@ int image_write_png(const image *im, const char *path, char *err, int errn)
         ok = 0;
     }
     png_destroy_write_struct(&png, &info);
-    int closed = fclose(f) == 0;
-    if (!ok || !closed || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return snprintf(err, (size_t)errn, "%s: cannot write the PNG", path), -1;
-    }
+    if (!ok || fflush(f) != 0)
+        return snprintf(err, errn, "cannot write the PNG"), -1;
     return 0;
 #else
-    (void)im;
-    snprintf(err, (size_t)errn, "%s: this build has no libpng (install libpng-dev)", path);
+    (void)im, (void)f;
+    snprintf(err, errn, "this build has no libpng (install libpng-dev)");
     return -1;
 #endif
 }

@@ -5,7 +5,9 @@
 #ifndef SDPA_IMAGE_H
 #define SDPA_IMAGE_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct image {
     int w, h;
@@ -28,7 +30,8 @@ double image_ssim(const image *a, const image *b);
 /* |a - b| per pixel (max over channels), amplified x8, as a heat ramp. */
 int image_diff_heatmap(const image *a, const image *b, image *out);
 
-/* 0 on success; otherwise -1 and a reason in err. No partial file is left. */
-int image_write_png(const image *im, const char *path, char *err, int errn);
+/* Writes im as a PNG to f: 0, or -1 with a reason in err. Callers that
+ * must not leave a partial file write through output.h. */
+int image_write_png(FILE *f, const image *im, char *err, size_t errn);
 
 #endif

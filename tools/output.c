@@ -40,6 +40,45 @@ static int resolve_new(tool_output *o, char *err, size_t errn)
     return 0;
 }
 
+/* A symbolic link whose target does not exist yet: the target is what the
+ * output creates (links to links are followed, up to 8). */
+static int resolve_dangling(tool_output *o, char *err, size_t errn)
+{
+    char link[PATH_MAX], next[PATH_MAX];
+    snprintf(link, sizeof link, "%s", o->path);
+    for (int depth = 0; depth < 8; depth++) {
+        ssize_t len = readlink(link, next, sizeof next - 1);
+        if (len < 0)
+            return fail(err, errn, o, "cannot read the symbolic link", errno);
+        next[len] = '\0';
+        if (next[0] != '/') { /* relative to the link's directory */
+            char joined[PATH_MAX];
+            const char *slash = strrchr(link, '/');
+            if (slash && snprintf(joined, sizeof joined, "%.*s/%s", (int)(slash - link), link,
+                                  next) >= (int)sizeof joined)
+                return fail(err, errn, o, "path too long", 0);
+            if (slash)
+                snprintf(next, sizeof next, "%s", joined);
+        }
+        struct stat ls;
+        if (lstat(next, &ls) != 0) {
+            if (errno != ENOENT)
+                return fail(err, errn, o, "cannot inspect the link's target", errno);
+            tool_output target = *o;
+            target.path = next;
+            if (resolve_new(&target, err, errn) != 0)
+                return -1;
+            snprintf(o->target, sizeof o->target, "%s", target.target);
+            o->mode = target.mode;
+            return 0;
+        }
+        if (!S_ISLNK(ls.st_mode))
+            return fail(err, errn, o, "cannot resolve", ELOOP);
+        snprintf(link, sizeof link, "%s", next);
+    }
+    return fail(err, errn, o, "too many levels of symbolic links", 0);
+}
+
 int tool_outputs_resolve(tool_output *o, int n, char *err, size_t errn)
 {
     struct stat st[16];
@@ -58,11 +97,14 @@ int tool_outputs_resolve(tool_output *o, int n, char *err, size_t errn)
             continue;
         }
         char canon[PATH_MAX];
-        if (!realpath(o[i].path, canon))
-            return fail(err, errn, &o[i],
-                        S_ISLNK(ls.st_mode) ? "is a symbolic link to a missing file"
-                                            : "cannot resolve",
-                        S_ISLNK(ls.st_mode) ? 0 : errno);
+        if (!realpath(o[i].path, canon)) {
+            if (S_ISLNK(ls.st_mode) && errno == ENOENT) {
+                if (resolve_dangling(&o[i], err, errn) != 0)
+                    return -1;
+                continue;
+            }
+            return fail(err, errn, &o[i], "cannot resolve", errno);
+        }
         if (stat(canon, &st[i]) != 0)
             return fail(err, errn, &o[i], "cannot inspect", errno);
         snprintf(o[i].target, sizeof o[i].target, "%s", canon);

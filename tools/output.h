@@ -6,10 +6,11 @@
  * every output is first written to a temporary file beside its target,
  * and the temporaries are renamed over their targets only when all of them
  * were written. Targets are resolved first:
- *   - a symbolic link is followed: its target is replaced, the link stays;
+ *   - a symbolic link is followed: its target is replaced (or created, for
+ *     a link to a file that does not exist yet), the link stays;
  *   - a character device or FIFO (/dev/null, a pipe) is written in place,
  *     after every temporary has been written (it cannot be rolled back);
- *   - a directory, a block device, a socket or a dangling link is refused;
+ *   - a directory, a block device or a socket is refused;
  *   - two outputs naming one file are refused.
  * A replaced regular file keeps its permission bits; a new one gets
  * 0666 less the umask, like any file the shell creates.

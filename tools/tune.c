@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "suite.h"
 #include "commands.h"
+#include "output.h"
 #include "tool.h"
 
 #include <errno.h>
@@ -19,6 +20,12 @@ static void progress(int index, int n_rows, void *user)
     fprintf(stderr, "\r  tuning row %d/%d %-24s", index + 1, n_rows, rows[index].name);
 }
 
+static int write_text(FILE *f, const void *user, char *err, size_t errn)
+{
+    (void)err, (void)errn; /* errno says why */
+    return fputs(user, f) >= 0 && fflush(f) == 0 ? 0 : -1;
+}
+
 int cmd_tune(int argc, char **argv)
 {
     tool_flag f[] = {{"--suite", 1, NULL}, {"--shape", 1, NULL},   {"--backends", 1, NULL},
@@ -30,6 +37,10 @@ int cmd_tune(int argc, char **argv)
         return rc;
     if (!f[OUT].value)
         return tool_usage_error("tune: --out FILE is required");
+    char err[640];
+    tool_output o1 = {"--out", f[OUT].value, write_text, NULL, "", 0, 0};
+    if (tool_outputs_resolve(&o1, 1, err, sizeof err) != 0) /* before the timing, not after */
+        return tool_usage_error("%s", err);
     static row rows[MAX_ROWS];
     int n_rows, threads;
     sdpa_dtype dtype;
@@ -82,15 +93,10 @@ int cmd_tune(int argc, char **argv)
     if (st != SDPA_OK) {
         rc = tool_lib_error("tune", st);
     } else {
-        char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", f[OUT].value, (long)getpid());
-        FILE *out = fopen(tmp, "w");
-        int ok = out && fputs(text, out) >= 0;
-        ok = (out && fclose(out) == 0) && ok;
-        if (!ok || rename(tmp, f[OUT].value) != 0) {
-            int e = errno;
-            unlink(tmp);
-            rc = tool_usage_error("--out: cannot write '%s': %s", f[OUT].value, strerror(e));
+        o1.user = text;
+        if (tool_outputs_resolve(&o1, 1, err, sizeof err) != 0 ||
+            tool_outputs_write(&o1, 1, err, sizeof err) != 0) {
+            rc = tool_usage_error("%s", err);
         } else {
             fputs(text, stdout);
             printf("# written to %s; install with SDPA_POLICY=%s\n", f[OUT].value, f[OUT].value);

@@ -249,8 +249,13 @@ check(r.returncode == 0 and (os.stat(path("keep.npy")).st_mode & 0o777) == 0o640
       "a replaced file keeps its permissions")
 os.symlink("missing.npy", path("dangling.npy"))
 r = sdpa("run", *fresh_inputs(), "--out", path("dangling.npy"))
-check(r.returncode == 2 and "missing" in r.stderr and os.path.islink(path("dangling.npy")),
-      f"dangling link refused: {r.stderr!r}")
+check(r.returncode == 0 and os.path.islink(path("dangling.npy"))
+      and np.load(path("missing.npy")).shape == q.shape,
+      f"a link to a file not there yet: the file is created, the link stays: {r.stderr!r}")
+os.symlink("/nonexistent/dir/x.npy", path("nowhere.npy"))
+r = sdpa("run", *fresh_inputs(), "--out", path("nowhere.npy"))
+check(r.returncode == 2 and "cannot create" in r.stderr and os.path.islink(path("nowhere.npy")),
+      f"a link into a missing directory is refused: {r.stderr!r}")
 r = sdpa("run", *fresh_inputs(), "--out", tmp)
 check(r.returncode == 2 and "directory" in r.stderr, f"directory refused: {r.stderr!r}")
 # A character device is written in place and stays one. The test makes its
@@ -276,6 +281,18 @@ except subprocess.TimeoutExpired:  # nothing was written into the pipe
 check(r.returncode == 0 and piped[:6] == b"\x93NUMPY" and stat.S_ISFIFO(os.stat(path("pipe")).st_mode),
       f"--out FIFO written in place: {r.stderr!r}")
 no_temporaries("outputs")
+# the other commands' files go the same way
+os.symlink("tuned-target.rules", path("tuned-link.rules"))
+r = sdpa("tune", "--shape", "1,48,48,2,2,32", "--reps", "3", "--out", path("tuned-link.rules"))
+check(r.returncode == 0 and os.path.islink(path("tuned-link.rules"))
+      and open(path("tuned-target.rules")).read().startswith("# libsdpa rules"),
+      f"tune --out through a link: {r.stderr!r}")
+r = sdpa("dit", "--steps", "1", "--out", "/nonexistent/dir/img")
+check(r.returncode == 2 and "cannot create" in r.stderr and "Euler" not in r.stdout,
+      f"dit --out in a missing directory fails before sampling: {r.stdout[-200:]!r} {r.stderr!r}")
+r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--plot", tmp)
+check(r.returncode == 2 and "directory" in r.stderr and "GFLOP" not in r.stdout,
+      f"bench --plot a directory fails before the run: {r.stderr!r}")
 mixed = ["--q", save("qh.npy", q.astype(np.float16)), "--k", save("k.npy", k), "--v", save("v.npy", v)]
 r = sdpa("run", *mixed, "--out", path("o.npy"))
 check(r.returncode == 2 and "--dtype" in r.stderr, f"mixed input dtypes refused: {r.stderr!r}")
