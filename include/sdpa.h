@@ -160,6 +160,61 @@ typedef enum sdpa_causal {
 const char *sdpa_causal_name(sdpa_causal c); /* "none", "top-left", "bottom-right" */
 
 /*
+ * Masks beyond causal: padding (sequence lengths), a key mask and a general
+ * mask, each optional. Start from SDPA_MASK_DEFAULT. Query i may attend key
+ * j when causal allows it AND every mask given allows it:
+ *
+ *   seq_len_q, seq_len_kv  int32 [B], or NULL: batch entry b has
+ *       seq_len_q[b] real queries and seq_len_kv[b] real keys (values in
+ *       0..Sq and 0..Skv). Query rows i >= seq_len_q[b] are padding: their
+ *       output is 0 and their LSE -inf. Keys j >= seq_len_kv[b] are never
+ *       attended. (cuDNN's padding mask; FlashAttention's varlen offsets
+ *       carry the same information.) With sequence lengths, causal aligns
+ *       on the real lengths: bottom-right's offset is
+ *       seq_len_kv[b] - seq_len_q[b] (a missing array counts as full).
+ *   key        bytes [B, Skv], or NULL: key j of batch entry b may be
+ *       attended when key[b*key_stride[0] + j*key_stride[1]] != 0. A
+ *       stride of 0 broadcasts (the same row for every b).
+ *   general    [B, Hq, Sq, Skv] through general_stride (in elements; 0
+ *       broadcasts, as torch's attn_mask of shape [B|1, H|1, Sq, Skv]), or
+ *       NULL. SDPA_MASK_BOOL: bytes, nonzero = attend. SDPA_MASK_ADDITIVE:
+ *       added to the scaled score before the softmax, in general_dtype
+ *       (f32, or the inputs' dtype); -inf hides a key, and the non-finite
+ *       rules of sdpa_forward apply to the sums.
+ *   A key hidden by a mask contributes nothing, whatever its k holds; as
+ *   with causal, NaN or Inf in its v row is unspecified for the rows it is
+ *   hidden from (ref never reads it; a tiled kernel may multiply it by a
+ *   zero weight).
+ *
+ * A query row that sees no key at all gives zeros and LSE -inf, never NaN.
+ * The arrays live with the tensors (host memory for CPU tensors, device
+ * memory for CUDA ones) and are read during the call only. Backends say
+ * which kinds they take (sdpa_backend_info.masks); a backend that does not
+ * take a call's mask is passed over with that reason, never run without it.
+ */
+typedef enum sdpa_mask_type { SDPA_MASK_BOOL = 0, SDPA_MASK_ADDITIVE = 1 } sdpa_mask_type;
+
+typedef struct sdpa_mask {
+    const int32_t *seq_len_q;
+    const int32_t *seq_len_kv;
+    const uint8_t *key;
+    int64_t key_stride[2];     /* b, j */
+    const void *general;
+    sdpa_mask_type general_type;
+    sdpa_dtype general_dtype;  /* SDPA_MASK_ADDITIVE only */
+    int64_t general_stride[4]; /* b, h, i, j */
+} sdpa_mask;
+
+#define SDPA_MASK_DEFAULT {NULL, NULL, NULL, {0, 0}, NULL, SDPA_MASK_BOOL, SDPA_F32, {0, 0, 0, 0}}
+
+/* Mask kinds, as calls, rules and backends name them (bit mask). */
+enum {
+    SDPA_MASK_KIND_SEQ_LEN = 1u << 0, /* seq_len_q or seq_len_kv */
+    SDPA_MASK_KIND_KEY = 1u << 1,
+    SDPA_MASK_KIND_GENERAL = 1u << 2
+};
+
+/*
  * Per-call parameters. Start from SDPA_PARAMS_DEFAULT and set what you need.
  *
  *   scale          multiplies Q.K^T; 0 means 1/sqrt(D). Must be finite.
@@ -176,6 +231,7 @@ const char *sdpa_causal_name(sdpa_causal c); /* "none", "top-left", "bottom-righ
  *   quant          the model's quantisation format ("nvfp4", "fp8"), or NULL
  *                  for none; policy rules may match on it.
  *   stream         CUDA stream (cudaStream_t) for CUDA tensors; NULL = default.
+ *   mask           padding, key and general masks (sdpa_mask), or NULL.
  */
 typedef struct sdpa_params {
     double scale;
@@ -186,9 +242,10 @@ typedef struct sdpa_params {
     const char *component;
     const char *quant;
     void *stream;
+    const sdpa_mask *mask;
 } sdpa_params;
 
-#define SDPA_PARAMS_DEFAULT {0.0, SDPA_CAUSAL_NONE, 0, NULL, NULL, NULL, NULL, NULL}
+#define SDPA_PARAMS_DEFAULT {0.0, SDPA_CAUSAL_NONE, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* ---------------------------------------------------------------- platform */
 
@@ -475,6 +532,7 @@ typedef struct sdpa_call_desc {
     const char *backend;   /* explicit choice, or NULL */
     const char *component; /* or NULL */
     const char *quant;     /* or NULL */
+    unsigned mask;         /* SDPA_MASK_KIND_* the call carries; 0: none */
 } sdpa_call_desc;
 
 #define SDPA_MAX_CANDIDATES 16
@@ -545,6 +603,7 @@ typedef struct sdpa_backend_info {
     int head_dim_min, head_dim_max, head_dim_multiple;
     int gqa, cross, causal_top_left, causal_bottom_right, lse, deterministic;
     unsigned cpu_features;  /* SDPA_CPU_* required                          */
+    unsigned masks;         /* SDPA_MASK_KIND_* it takes                    */
     int min_cc;             /* minimum compute capability * 10, or 0        */
     int product_bits;       /* significand bits of the operands of both
                              * products: 0 = the input dtype's (f32 inputs

@@ -9,8 +9,8 @@ int cmd_explain(int argc, char **argv)
     tool_flag f[] = {{"--shape", 1, NULL},     {"--dtype", 1, NULL},     {"--causal", 1, NULL},
                 {"--lse", 0, NULL},       {"--platform", 1, NULL},  {"--quant", 1, NULL},
                 {"--component", 1, NULL}, {"--backend", 1, NULL},   {"--json", 0, NULL},
-                {"--deterministic", 0, NULL}};
-    enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, NF };
+                {"--deterministic", 0, NULL}, {"--mask", 1, NULL}};
+    enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, MASK, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -28,6 +28,10 @@ int cmd_explain(int argc, char **argv)
     if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &d.causal))
         return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
                                 f[CAUSAL].value);
+    if (f[MASK].value && !tool_parse_mask_kinds(f[MASK].value, &d.mask))
+        return tool_usage_error("--mask '%s' unknown, expected none, seq_len, key or general "
+                                "(a comma list for several)",
+                                f[MASK].value);
     d.want_lse = f[LSE].value != NULL;
     d.deterministic = f[DET].value != NULL;
     d.quant = f[QUANT].value;

@@ -39,7 +39,7 @@ int cmd_info(int argc, char **argv)
     else
         printf("cuda      none: %s\n", p->cuda_why);
     sdpa_call_desc probe = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
-                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL};
+                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0};
     sdpa_decision *dec = malloc(sizeof *dec);
     if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0)
         printf("kernel    %s for f32 B=1 S=1024 H=8 D=128 (%s%s%s); see `sdpa explain`\n",
@@ -60,10 +60,14 @@ int cmd_info(int argc, char **argv)
         char step[24] = "";
         if (b.head_dim_multiple > 1)
             snprintf(step, sizeof step, " step %d", b.head_dim_multiple);
-        printf("  %-14s %-8s %-6s %-13s D %d..%d%s%s%s  %s\n", b.name, b.version,
+        printf("  %-14s %-8s %-6s %-13s D %d..%d%s%s%s%s  %s\n", b.name, b.version,
                b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", dt, b.head_dim_min,
                b.head_dim_max, step, b.lse ? " lse" : "",
-               b.product_bits == 8 ? " P in bf16" : "", b.present ? "present" : b.why_absent);
+               b.product_bits == 8 ? " P in bf16" : "",
+               b.masks == (SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL)
+                   ? " masks"
+                   : "",
+               b.present ? "present" : b.why_absent);
     }
     sdpa_context_destroy(ctx);
     return 0;

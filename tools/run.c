@@ -40,13 +40,97 @@ static void *convert_input(const npy_array *a, sdpa_dtype dtype)
     return dst;
 }
 
+enum { MAX_LENS = 4096 };
+
+/* "3,5,7" into exactly B lengths. */
+static int parse_lengths(const char *flag, const char *s, int64_t B, int32_t *out)
+{
+    char buf[8 * MAX_LENS];
+    if (strlen(s) >= sizeof buf)
+        return tool_usage_error("%s: too long, expected B comma-separated lengths", flag);
+    strcpy(buf, s);
+    int64_t n = 0;
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        long long v;
+        if (n == B || n == MAX_LENS || !tool_parse_int(w, 0, INT32_MAX, &v))
+            return tool_usage_error("%s '%s': expected %lld comma-separated lengths >= 0 (one per "
+                                    "batch entry)",
+                                    flag, s, (long long)B);
+        out[n++] = (int32_t)v;
+    }
+    if (n != B)
+        return tool_usage_error("%s '%s' has %lld lengths, expected %lld (B)", flag, s,
+                                (long long)n, (long long)B);
+    return 0;
+}
+
+/*
+ * The masks from the command line: --seq-len-q/--seq-len-kv lists, a
+ * float32 --key-mask [B|1, Skv] (nonzero = attend) and a float32 additive
+ * --mask [B|1, H|1, Sq, Skv] (-inf hides a key; size-1 dimensions
+ * broadcast). The library checks the values against the shapes.
+ */
+static int read_masks(const char *len_q, const char *len_kv, const char *key_path,
+                      const char *mask_path, const npy_array *a, npy_array *mk,
+                      int32_t lens[2][MAX_LENS], uint8_t **key_bytes, sdpa_mask *m)
+{
+    const int64_t B = a[0].shape[0], Hq = a[0].shape[2], Sq = a[0].shape[1];
+    const int64_t Skv = a[1].shape[1];
+    char err[512];
+    int rc;
+    if (B > MAX_LENS && (len_q || len_kv))
+        return tool_usage_error("--seq-len-q/kv: B is %lld, at most %d supported", (long long)B,
+                                MAX_LENS);
+    if (len_q && (rc = parse_lengths("--seq-len-q", len_q, B, lens[0])) != 0)
+        return rc;
+    if (len_kv && (rc = parse_lengths("--seq-len-kv", len_kv, B, lens[1])) != 0)
+        return rc;
+    m->seq_len_q = len_q ? lens[0] : NULL;
+    m->seq_len_kv = len_kv ? lens[1] : NULL;
+    if (key_path) {
+        if (npy_read(key_path, &mk[0], err, sizeof err) != 0)
+            return tool_usage_error("--key-mask: %s", err);
+        const int64_t *s = mk[0].shape;
+        if (mk[0].ndim != 2 || (s[0] != B && s[0] != 1) || s[1] != Skv || mk[0].is_f16)
+            return tool_usage_error("--key-mask: %s must be float32 [B or 1, Skv] = [%lld, %lld]",
+                                    key_path, (long long)B, (long long)Skv);
+        if (!(*key_bytes = malloc((size_t)(s[0] * s[1]) + 1)))
+            return tool_lib_error("out of memory for --key-mask", SDPA_OUT_OF_MEMORY);
+        for (int64_t i = 0; i < s[0] * s[1]; i++)
+            (*key_bytes)[i] = ((const float *)mk[0].data)[i] != 0.0f;
+        m->key = *key_bytes;
+        m->key_stride[0] = s[0] == 1 ? 0 : Skv, m->key_stride[1] = 1;
+    }
+    if (mask_path) {
+        if (npy_read(mask_path, &mk[1], err, sizeof err) != 0)
+            return tool_usage_error("--mask: %s", err);
+        const int64_t *s = mk[1].shape;
+        if (mk[1].ndim != 4 || (s[0] != B && s[0] != 1) || (s[1] != Hq && s[1] != 1) ||
+            s[2] != Sq || s[3] != Skv || mk[1].is_f16)
+            return tool_usage_error("--mask: %s must be float32 [B or 1, H or 1, Sq, Skv] = "
+                                    "[%lld, %lld, %lld, %lld]",
+                                    mask_path, (long long)B, (long long)Hq, (long long)Sq,
+                                    (long long)Skv);
+        m->general = mk[1].data;
+        m->general_type = SDPA_MASK_ADDITIVE, m->general_dtype = SDPA_F32;
+        m->general_stride[3] = 1, m->general_stride[2] = Skv;
+        m->general_stride[1] = s[1] == 1 ? 0 : Sq * Skv;
+        m->general_stride[0] = s[0] == 1 ? 0 : s[1] * Sq * Skv;
+    }
+    return 0;
+}
+
 int cmd_run(int argc, char **argv)
 {
-    tool_flag f[] = {{"--q", 1, NULL},      {"--k", 1, NULL},     {"--v", 1, NULL},
-                     {"--out", 1, NULL},    {"--lse", 1, NULL},   {"--backend", 1, NULL},
-                     {"--causal", 1, NULL}, {"--scale", 1, NULL}, {"--dtype", 1, NULL},
-                     {"--threads", 1, NULL}};
-    enum { Q, K, V, OUT, LSE, BACKEND, CAUSAL, SCALE, DTYPE, THREADS, NF };
+    tool_flag f[] = {{"--q", 1, NULL},          {"--k", 1, NULL},
+                     {"--v", 1, NULL},          {"--out", 1, NULL},
+                     {"--lse", 1, NULL},        {"--backend", 1, NULL},
+                     {"--causal", 1, NULL},     {"--scale", 1, NULL},
+                     {"--dtype", 1, NULL},      {"--threads", 1, NULL},
+                     {"--seq-len-q", 1, NULL},  {"--seq-len-kv", 1, NULL},
+                     {"--key-mask", 1, NULL},   {"--mask", 1, NULL}};
+    enum { Q, K, V, OUT, LSE, BACKEND, CAUSAL, SCALE, DTYPE, THREADS, LEN_Q, LEN_KV, KEYMASK,
+           MASK, NF };
     static const char *const input_flag[3] = {"--q", "--k", "--v"};
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
@@ -77,10 +161,14 @@ int cmd_run(int argc, char **argv)
     if (tool_outputs_resolve(outs, n_outs, err, sizeof err) != 0)
         return tool_usage_error("%s", err);
 
-    npy_array a[3];
+    npy_array a[3], mk[2];
     memset(a, 0, sizeof a);
+    memset(mk, 0, sizeof mk);
     void *conv[3] = {NULL, NULL, NULL};
     float *out = NULL, *lse = NULL;
+    uint8_t *key_bytes = NULL;
+    int32_t lens[2][MAX_LENS];
+    sdpa_mask mask = SDPA_MASK_DEFAULT;
     sdpa_context *ctx = NULL;
     rc = 1;
     for (int i = 0; i < 3; i++) {
@@ -104,6 +192,11 @@ int cmd_run(int argc, char **argv)
     }
     if (!f[DTYPE].value)
         dtype = a[0].is_f16 ? SDPA_F16 : SDPA_F32;
+    if ((rc = read_masks(f[LEN_Q].value, f[LEN_KV].value, f[KEYMASK].value, f[MASK].value, a,
+                         mk, lens, &key_bytes, &mask)) != 0)
+        goto done;
+    rc = 1;
+    p.mask = &mask;
     for (int i = 0; i < 3; i++)
         if (!(conv[i] = convert_input(&a[i], dtype))) {
             rc = tool_lib_error("out of memory converting inputs", SDPA_OUT_OF_MEMORY);
@@ -150,6 +243,8 @@ done:
         npy_free(&a[i]);
         free(conv[i]);
     }
+    npy_free(&mk[0]), npy_free(&mk[1]);
+    free(key_bytes);
     free(out);
     free(lse);
     return rc;

@@ -29,6 +29,10 @@ static const command commands[] = {
      "  --scale X                       finite, non-zero; default 1/sqrt(D)\n"
      "  --dtype f32|f16|bf16            convert every input to this dtype first\n"
      "  --threads N                     CPU threads (default: all)\n"
+     "  --seq-len-q L,..  --seq-len-kv L,..   real lengths per batch entry (padding)\n"
+     "  --key-mask K.npy                float32 [B or 1, Skv], nonzero = attend\n"
+     "  --mask M.npy                    float32 [B or 1, H or 1, Sq, Skv], added to the\n"
+     "                                  scores (-inf hides a key)\n"
      "Outputs are written all or nothing; a symbolic link is written through, a\n"
      "character device or FIFO in place.\n"},
     {"explain", cmd_explain, "the dispatcher's decision for a call, and why",
@@ -38,6 +42,7 @@ static const command commands[] = {
      "  --lse                           the call wants the log-sum-exp\n"
      "  --platform cpu|cpu:isa=LEVEL|cuda:sm_XY[,cudnn=N]   decide for that machine\n"
      "  --quant NAME  --component NAME  --backend NAME  --deterministic\n"
+     "  --mask none|seq_len|key|general[,..]   the masks the call carries\n"
      "  --json                          one JSON object\n"},
     {"bench", cmd_bench, "interleaved timing of backends on shape suites",
      "  --suite FILE | --shape B,Sq,Skv,Hq,Hkv,D\n"

@@ -57,6 +57,31 @@ int tool_parse_int(const char *s, long long lo, long long hi, long long *out)
     return 1;
 }
 
+int tool_parse_mask_kinds(const char *s, unsigned *out)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } kinds[] = {{"none", 0},
+                 {"seq_len", SDPA_MASK_KIND_SEQ_LEN},
+                 {"key", SDPA_MASK_KIND_KEY},
+                 {"general", SDPA_MASK_KIND_GENERAL}};
+    char buf[128];
+    if (strlen(s) >= sizeof buf)
+        return 0;
+    strcpy(buf, s);
+    *out = 0;
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        size_t k = 0;
+        while (k < sizeof kinds / sizeof *kinds && strcmp(kinds[k].name, w) != 0)
+            k++;
+        if (k == sizeof kinds / sizeof *kinds)
+            return 0;
+        *out |= kinds[k].bit;
+    }
+    return 1;
+}
+
 int tool_parse_scale(const char *s, double *out)
 {
     char *end;

@@ -18,6 +18,8 @@ int tool_lib_error(const char *what, sdpa_status st);
 int tool_parse_dtype(const char *s, sdpa_dtype *out);
 int tool_parse_causal(const char *s, sdpa_causal *out);
 int tool_parse_int(const char *s, long long lo, long long hi, long long *out);
+/* "seq_len,key" into SDPA_MASK_KIND_* bits ("none" is 0). */
+int tool_parse_mask_kinds(const char *s, unsigned *out);
 /* A finite, non-zero --scale. */
 int tool_parse_scale(const char *s, double *out);
 /* "B,Sq,Skv,Hq,Hkv,D" */

@@ -30,6 +30,7 @@ typedef struct sdpa_caps {
     int d_multiple;        /* head dim must be a multiple of this (1: any)   */
     unsigned char gqa, cross, causal_top_left, causal_bottom_right, lse, deterministic;
     unsigned cpu_features; /* SDPA_CPU_* the platform must have              */
+    unsigned masks;        /* SDPA_MASK_KIND_* it takes (0: no masks)        */
     int min_cc;            /* CUDA compute capability * 10, 0: none          */
     int min_cudnn;         /* cuDNN version (91900 = 9.19.0), 0: none        */
     int product_bits;      /* significand bits of the products' operands:

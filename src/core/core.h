@@ -75,6 +75,7 @@ typedef struct sdpa_call {
     sdpa_causal causal;
     int deterministic;
     void *stream;
+    const sdpa_mask *mask; /* NULL, or validated; desc.mask says which kinds */
     sdpa_call_desc desc;  /* sizes and flags in one place */
     struct sdpa_pool *pool;
     unsigned cpu_features; /* SDPA_CPU_* usable on this machine (after SDPA_MAX_ISA) */
@@ -88,6 +89,13 @@ typedef struct sdpa_call {
 sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                                const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                                const sdpa_params *params, sdpa_call *call);
+
+/* "seq_len+key" for SDPA_MASK_KIND_* bits, "none" for 0. */
+void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n);
+/* The most general kind among the bits (general > key > seq_len), 0: none. */
+unsigned sdpa__mask_kind_top(unsigned kinds);
+/* Parses "none" | "seq_len" | "key" | "general"; 0 with *ok = 0 if unknown. */
+unsigned sdpa__mask_kind_parse(const char *s, int *ok);
 
 /* Checks a call description (explain/decide input). */
 sdpa_status sdpa__desc_validate(const sdpa_call_desc *d);

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *dim_names[4] = {"B", "S", "H", "D"};
@@ -194,6 +195,121 @@ static sdpa_status check_params(const sdpa_params *p)
     return SDPA_OK;
 }
 
+static const struct {
+    unsigned bit;
+    const char *name;
+} mask_kinds[] = {{SDPA_MASK_KIND_SEQ_LEN, "seq_len"},
+                  {SDPA_MASK_KIND_KEY, "key"},
+                  {SDPA_MASK_KIND_GENERAL, "general"}};
+
+void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof mask_kinds / sizeof *mask_kinds; i++)
+        if (kinds & mask_kinds[i].bit && len < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? "+" : "",
+                                    mask_kinds[i].name);
+    if (!buf[0])
+        sdpa__strlcpy(buf, "none", n);
+}
+
+unsigned sdpa__mask_kind_top(unsigned kinds)
+{
+    return kinds & SDPA_MASK_KIND_GENERAL ? SDPA_MASK_KIND_GENERAL
+           : kinds & SDPA_MASK_KIND_KEY   ? SDPA_MASK_KIND_KEY
+                                          : kinds & SDPA_MASK_KIND_SEQ_LEN;
+}
+
+unsigned sdpa__mask_kind_parse(const char *s, int *ok)
+{
+    *ok = 1;
+    if (strcmp(s, "none") == 0)
+        return 0;
+    for (size_t i = 0; i < sizeof mask_kinds / sizeof *mask_kinds; i++)
+        if (strcmp(s, mask_kinds[i].name) == 0)
+            return mask_kinds[i].bit;
+    *ok = 0;
+    return 0;
+}
+
+/* The byte extent of a strided view of sizes n[] and strides st[] (elements
+ * of es bytes), or -1 when it overflows or a stride is negative. */
+static int64_t view_bytes(const int64_t *n, const int64_t *st, int dims, int64_t es)
+{
+    int64_t last = 0, t;
+    for (int i = 0; i < dims; i++) {
+        if (st[i] < 0 || __builtin_mul_overflow(n[i] - 1, st[i], &t) ||
+            __builtin_add_overflow(last, t, &last))
+            return -1;
+    }
+    return __builtin_add_overflow(last, 1, &t) || __builtin_mul_overflow(t, es, &t) ? -1 : t;
+}
+
+/* Validates a mask against the call's sizes; fills the kinds it carries. */
+static sdpa_status check_mask(const sdpa_mask *m, const sdpa_tensor *q, const sdpa_tensor *k,
+                              unsigned *kinds)
+{
+    *kinds = 0;
+    if (!m)
+        return SDPA_OK;
+    const int64_t B = q->size[0], Sq = q->size[1], Hq = q->size[2], Skv = k->size[1];
+    const int host = q->device.kind == SDPA_DEVICE_CPU;
+    const int32_t *lens[2] = {m->seq_len_q, m->seq_len_kv};
+    const int64_t limit[2] = {Sq, Skv};
+    static const char *len_names[2] = {"mask->seq_len_q", "mask->seq_len_kv"};
+    for (int i = 0; i < 2; i++) {
+        if (!lens[i])
+            continue;
+        *kinds |= SDPA_MASK_KIND_SEQ_LEN;
+        if ((uintptr_t)lens[i] % sizeof(int32_t) != 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is not 4-byte aligned", len_names[i]);
+        for (int64_t b = 0; host && b < B; b++) /* device arrays: the backend's to read */
+            if (lens[i][b] < 0 || lens[i][b] > limit[i])
+                return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s[%lld] is %d, expected 0..%lld (%s)",
+                                  len_names[i], (long long)b, (int)lens[i][b],
+                                  (long long)limit[i], i ? "Skv" : "Sq");
+    }
+    if (m->key) {
+        *kinds |= SDPA_MASK_KIND_KEY;
+        const int64_t n[2] = {B, Skv};
+        if (view_bytes(n, m->key_stride, 2, 1) < 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->key_stride is {%lld, %lld}, expected strides >= 0 (in "
+                              "bytes, 0 broadcasts) whose extent fits in 64 bits",
+                              (long long)m->key_stride[0], (long long)m->key_stride[1]);
+    }
+    if (m->general) {
+        *kinds |= SDPA_MASK_KIND_GENERAL;
+        if (m->general_type != SDPA_MASK_BOOL && m->general_type != SDPA_MASK_ADDITIVE)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->general_type is %d, expected SDPA_MASK_BOOL or "
+                              "SDPA_MASK_ADDITIVE",
+                              (int)m->general_type);
+        size_t es = 1;
+        if (m->general_type == SDPA_MASK_ADDITIVE) {
+            if (m->general_dtype != SDPA_F32 && m->general_dtype != q->dtype)
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "mask->general_dtype is %s, expected f32 or the inputs' dtype "
+                                  "%s",
+                                  sdpa_dtype_name(m->general_dtype), sdpa_dtype_name(q->dtype));
+            es = sdpa_dtype_size(m->general_dtype);
+            if ((uintptr_t)m->general % es != 0)
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "mask->general is not aligned to its %zu-byte elements", es);
+        }
+        const int64_t n[4] = {B, Hq, Sq, Skv};
+        if (view_bytes(n, m->general_stride, 4, (int64_t)es) < 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->general_stride is {%lld, %lld, %lld, %lld}, expected "
+                              "strides >= 0 (in elements, 0 broadcasts) whose extent fits in "
+                              "64 bits",
+                              (long long)m->general_stride[0], (long long)m->general_stride[1],
+                              (long long)m->general_stride[2], (long long)m->general_stride[3]);
+    }
+    return SDPA_OK;
+}
+
 sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                                const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                                const sdpa_params *params, sdpa_call *call)
@@ -274,8 +390,13 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                               "%s->data is not aligned to its %zu-byte elements", names[i],
                               sdpa_dtype_size(t[i]->dtype));
 
+    unsigned kinds;
+    if ((st = check_mask(params->mask, q, k, &kinds)) != SDPA_OK)
+        return st;
+
     memset(call, 0, sizeof *call);
     call->q = q, call->k = k, call->v = v, call->out = out, call->lse = lse;
+    call->mask = kinds ? params->mask : NULL;
     call->scale = params->scale != 0.0 ? params->scale : 1.0 / sqrt((double)q->size[3]);
     call->causal = params->causal;
     call->deterministic = params->deterministic;
@@ -291,6 +412,7 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
     d->backend = params->backend;
     d->component = params->component;
     d->quant = params->quant;
+    d->mask = kinds;
     return SDPA_OK;
 }
 
@@ -317,5 +439,8 @@ sdpa_status sdpa__desc_validate(const sdpa_call_desc *d)
     if ((unsigned)d->causal > SDPA_CAUSAL_BOTTOM_RIGHT)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->causal is %d, expected 0, 1 or 2",
                           (int)d->causal);
+    if (d->mask & ~(unsigned)(SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "desc->mask is 0x%x, expected SDPA_MASK_KIND_* bits", d->mask);
     return SDPA_OK;
 }

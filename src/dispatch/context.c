@@ -103,6 +103,7 @@ sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_in
     out->causal_bottom_right = b->caps.causal_bottom_right;
     out->lse = b->caps.lse, out->deterministic = b->caps.deterministic;
     out->cpu_features = b->caps.cpu_features;
+    out->masks = b->caps.masks;
     out->min_cc = b->caps.min_cc;
     out->product_bits = b->caps.product_bits;
     out->present = ctx->present[index];

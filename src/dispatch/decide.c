@@ -39,11 +39,15 @@ const char *sdpa_source_name(sdpa_source s)
 
 void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n)
 {
-    snprintf(buf, n, "%s %s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld causal=%s lse=%s%s",
+    char mask[48];
+    sdpa__mask_kinds_name(d->mask, mask, sizeof mask);
+    snprintf(buf, n,
+             "%s %s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld causal=%s lse=%s%s%s%s",
              d->device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", sdpa_dtype_name(d->dtype),
              (long long)d->B, (long long)d->Sq, (long long)d->Skv, (long long)d->Hq,
              (long long)d->Hkv, (long long)d->D, sdpa_causal_name(d->causal),
-             d->want_lse ? "yes" : "no", d->deterministic ? " deterministic" : "");
+             d->want_lse ? "yes" : "no", d->mask ? " mask=" : "", d->mask ? mask : "",
+             d->deterministic ? " deterministic" : "");
 }
 
 static int lookup(const sdpa_context *ctx, const char *name, const char *from)
@@ -352,6 +356,10 @@ static char *explain_json(const sdpa_context *ctx, const sdpa_call_desc *d,
     json_string_or_null(&sb, d->component);
     sdpa__sb_printf(&sb, ",\"quant\":");
     json_string_or_null(&sb, d->quant);
+    char mask[48];
+    sdpa__mask_kinds_name(d->mask, mask, sizeof mask);
+    sdpa__sb_printf(&sb, ",\"mask\":");
+    sdpa__sb_json_string(&sb, mask);
     sdpa__sb_printf(&sb, "},\"source\":");
     sdpa__sb_json_string(&sb, sdpa_source_name(dec->source));
     sdpa__sb_printf(&sb, ",\"source_detail\":");

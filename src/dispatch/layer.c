@@ -221,14 +221,14 @@ static int same_class(const sdpa_call_desc *a, const sdpa_call_desc *b)
     return a->device == b->device && a->dtype == b->dtype && a->B == b->B && a->Sq == b->Sq &&
            a->Skv == b->Skv && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D &&
            a->causal == b->causal && a->want_lse == b->want_lse &&
-           a->deterministic == b->deterministic;
+           a->deterministic == b->deterministic && a->mask == b->mask;
 }
 
 static unsigned class_hash(const sdpa_call_desc *d)
 {
     uint64_t h = 1469598103934665603ull;
     const int64_t f[] = {d->device, d->dtype, d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D,
-                         d->causal, d->want_lse, d->deterministic};
+                         d->causal, d->want_lse, d->deterministic, d->mask};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++)
         h = (h ^ (uint64_t)f[i]) * 1099511628211ull;
     return (unsigned)(h ^ (h >> 32)) % CACHE_SLOTS;

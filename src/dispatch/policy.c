@@ -229,6 +229,15 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
                             w[i], "");
             r->causal |= 1u << c;
         }
+    } else if (strcmp(key, "mask") == 0) {
+        for (int i = 0; i < n; i++) {
+            int ok;
+            unsigned kind = sdpa__mask_kind_parse(w[i], &ok);
+            if (!ok)
+                return perr(ps, "mask '%s' unknown, expected none, seq_len, key or general%s",
+                            w[i], "");
+            r->masks |= kind ? kind << 1 : 1u;
+        }
     } else if (strcmp(key, "lse") == 0 || strcmp(key, "deterministic") == 0 ||
                strcmp(key, "same_seq") == 0 || strcmp(key, "same_heads") == 0) {
         int *dst = key[0] == 'l' ? &r->lse
@@ -268,7 +277,7 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             i++;
         if (i == 6)
             return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, dtype, causal, "
-                            "lse, deterministic, quant, component, B, Sq, Skv, Hq, Hkv, D, "
+                            "mask, lse, deterministic, quant, component, B, Sq, Skv, Hq, Hkv, D, "
                             "same_seq, same_heads, try, evidence, source or claim)%s",
                         key, "");
         if (n != 1 || !parse_range(w[0], 0, dst[i]))
@@ -466,6 +475,11 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
         return 0;
     if (r->dtypes && !(r->dtypes & (1u << d->dtype)))
         return 0;
+    if (r->masks) {
+        const unsigned top = sdpa__mask_kind_top(d->mask);
+        if (!(r->masks & (top ? top << 1 : 1u)))
+            return 0;
+    }
     if (r->causal && !(r->causal & (1u << d->causal)))
         return 0;
     if (r->lse >= 0 && r->lse != (d->want_lse != 0))

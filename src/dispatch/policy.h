@@ -25,6 +25,8 @@ typedef struct sdpa_rule {
     unsigned isa;         /* SDPA_CPU_* all required; 0: any */
     unsigned dtypes;      /* bit per dtype; 0: any */
     unsigned causal;      /* bit per sdpa_causal; 0: any */
+    unsigned masks;       /* bit 0: no mask; else the call's most general
+                           * SDPA_MASK_KIND_* bit, shifted up by 1; 0: any */
     int lse, deterministic, same_seq, same_heads; /* -1 any, 0 no, 1 yes */
     int n_quant, n_component;
     char quant[SDPA_RULE_LIST][32];

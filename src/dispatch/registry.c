@@ -196,6 +196,14 @@ int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
         sdpa__strlcpy(why, "not deterministic, which the call asks for", n);
         return 0;
     }
+    if (d->mask & ~c->masks) {
+        char need[64], have[64];
+        sdpa__mask_kinds_name(d->mask & ~c->masks, need, sizeof need);
+        sdpa__mask_kinds_name(c->masks, have, sizeof have);
+        sdpa__fmt(why, n, "%s mask not supported (%s%s)", need, c->masks ? "takes " : "",
+                  c->masks ? have : "no masks");
+        return 0;
+    }
     if (b->check && !b->check(b, d, p, why, n))
         return 0;
     if (n)

@@ -26,6 +26,36 @@ static double load(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_
     return (double)sdpa__load_f32(t->data, t->dtype, sdpa__offset(t, b, s, h, d));
 }
 
+/* May query i of (b, h) attend key j, by the key and boolean general masks? */
+static int visible(const sdpa_mask *m, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    if (!m)
+        return 1;
+    if (m->key && !m->key[b * m->key_stride[0] + j * m->key_stride[1]])
+        return 0;
+    if (m->general && m->general_type == SDPA_MASK_BOOL)
+        return ((const uint8_t *)m->general)[b * m->general_stride[0] + h * m->general_stride[1] +
+                                             i * m->general_stride[2] + j * m->general_stride[3]] !=
+               0;
+    return 1;
+}
+
+/* The additive general mask's term for (b, h, i, j), or 0. */
+static double bias(const sdpa_mask *m, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    if (!m || !m->general || m->general_type != SDPA_MASK_ADDITIVE)
+        return 0.0;
+    return sdpa__load_f32(m->general, m->general_dtype,
+                          b * m->general_stride[0] + h * m->general_stride[1] +
+                              i * m->general_stride[2] + j * m->general_stride[3]);
+}
+
+/* Hidden keys (a false mask entry, or an additive -inf) are never read. */
+static int hidden(const sdpa_mask *m, int64_t b, int64_t h, int64_t i, int64_t j)
+{
+    return m && (!visible(m, b, h, i, j) || bias(m, b, h, i, j) == -INFINITY);
+}
+
 static void ref_task(void *arg, int64_t task, int worker)
 {
     const ref_job *job = arg;
@@ -33,16 +63,21 @@ static void ref_task(void *arg, int64_t task, int worker)
     const sdpa_call_desc *d = &c->desc;
     const int64_t b = task / d->Hq, h = task % d->Hq;
     const int64_t hk = h / (d->Hq / d->Hkv);
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
     double *score = job->work + (size_t)worker * (size_t)(d->Skv + d->D);
     double *acc = score + d->Skv;
 
+    /* Masks (sdpa.h): padding rows, real lengths for causal alignment, key
+     * and general masks; all in the most obvious form. */
+    const sdpa_mask *m = c->mask;
+    const int64_t len_q = m && m->seq_len_q ? m->seq_len_q[b] : d->Sq;
+    const int64_t len_kv = m && m->seq_len_kv ? m->seq_len_kv[b] : d->Skv;
+    const int64_t row_offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
     for (int64_t i = 0; i < d->Sq; i++) {
-        /* Keys this query may see: j < n_keys. */
-        int64_t n_keys = d->Skv;
-        if (c->causal != SDPA_CAUSAL_NONE) {
-            int64_t last = i + offset;
-            n_keys = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+        /* Keys this query may see: j < n_keys, then the key and general masks. */
+        int64_t n_keys = i < len_q ? len_kv : 0;
+        if (c->causal != SDPA_CAUSAL_NONE && n_keys > 0) {
+            int64_t last = i + row_offset;
+            n_keys = last < 0 ? 0 : (last + 1 < n_keys ? last + 1 : n_keys);
         }
         /* Scores beyond float32's range are +-inf, as the kernels form
          * them (sdpa.h, non-finite values); a NaN or +inf one poisons the
@@ -50,11 +85,16 @@ static void ref_task(void *arg, int64_t task, int worker)
         double max = -INFINITY;
         int poisoned = 0;
         for (int64_t j = 0; j < n_keys; j++) {
+            if (hidden(m, b, h, i, j)) {
+                score[j] = -INFINITY;
+                continue;
+            }
             double dot = 0.0;
             for (int64_t e = 0; e < d->D; e++)
                 dot += load(c->q, b, i, h, e) * load(c->k, b, j, hk, e);
             double s = c->scale * dot;
             s = s > FLT_MAX ? INFINITY : s < -FLT_MAX ? -INFINITY : s;
+            s += bias(m, b, h, i, j);
             score[j] = s;
             poisoned |= s != s || s == INFINITY;
             if (s > max)
@@ -76,8 +116,8 @@ static void ref_task(void *arg, int64_t task, int worker)
         for (int64_t e = 0; e < d->D; e++)
             acc[e] = 0.0;
         for (int64_t j = 0; j < n_keys; j++)
-            for (int64_t e = 0; e < d->D; e++)
-                acc[e] += score[j] * load(c->v, b, j, hk, e);
+            for (int64_t e = 0; e < d->D && !hidden(m, b, h, i, j); e++)
+                acc[e] += score[j] * load(c->v, b, j, hk, e); /* hidden keys are never read */
         for (int64_t e = 0; e < d->D; e++)
             sdpa__store_f32(c->out->data, c->out->dtype, sdpa__offset(c->out, b, i, h, e),
                             (float)(acc[e] / sum));
@@ -107,7 +147,8 @@ const sdpa_backend sdpa__backend_ref = {
     .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1 << 20, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1},
+             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL},
     .fallback_rank = 1,
     .version = SDPA_VERSION_STRING,
     .run = ref_run,

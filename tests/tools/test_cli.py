@@ -198,6 +198,77 @@ check(r.returncode != 0 and "SDPA_BACKEND" in r.stderr and not os.path.exists(pa
 
 
 
+# ---- run: masks (sequence lengths, a key mask, an additive mask) against NumPy
+def masked_reference(q, k, v, len_q=None, len_kv=None, key=None, add=None):
+    """float64 attention with the masks of sdpa.h; padding rows and rows that see
+    nothing give zeros and LSE -inf."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    Skv, Hkv = k.shape[1], k.shape[2]
+    k, v = np.repeat(k, Hq // Hkv, axis=2), np.repeat(v, Hq // Hkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D)
+    vis = np.ones((B, Hq, Sq, Skv), bool)
+    for b in range(B):
+        if len_q is not None:
+            vis[b, :, len_q[b]:, :] = False
+        if len_kv is not None:
+            vis[b, :, :, len_kv[b]:] = False
+    if key is not None:
+        vis &= np.broadcast_to(key[:, None, None, :] != 0, vis.shape)
+    if add is not None:
+        s = s + np.broadcast_to(add, s.shape)
+        vis &= np.broadcast_to(add != -np.inf, vis.shape)
+    s = np.where(vis, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    dead = np.isinf(m)
+    p = np.where(vis, np.exp(s - np.where(dead, 0, m)), 0)
+    l = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", p / np.where(l == 0, 1, l), v)
+    lse = np.where(dead[..., 0], -np.inf, (np.where(dead, 0, m) + np.log(np.where(l == 0, 1, l)))[..., 0])
+    return out, lse
+
+
+mq, mk_, mv = rand(3, 21, 4, 32), rand(3, 30, 2, 32), rand(3, 30, 2, 32)
+keymask = (rng.uniform(size=(3, 30)) > 0.3).astype(np.float32)
+keymask[1] = 0  # batch entry 1 sees no key at all
+additive = rng.uniform(-2, 2, size=(1, 4, 21, 30)).astype(np.float32)
+additive[0, :, 5, :] = -np.inf  # row 5 of every head sees nothing
+for what, flags, kw in (
+        ("seq lens", ["--seq-len-q", "21,7,0", "--seq-len-kv", "30,12,5"],
+         dict(len_q=[21, 7, 0], len_kv=[30, 12, 5])),
+        ("key mask", ["--key-mask", save("km.npy", keymask)], dict(key=keymask)),
+        ("additive mask, broadcast over B", ["--mask", save("am.npy", additive)], dict(add=additive)),
+        ("all three", ["--seq-len-kv", "30,12,5", "--key-mask", save("km.npy", keymask), "--mask",
+                       save("am.npy", additive)], dict(len_kv=[30, 12, 5], key=keymask, add=additive))):
+    r = sdpa("run", "--q", save("q.npy", mq), "--k", save("k.npy", mk_), "--v", save("v.npy", mv),
+             "--out", path("o.npy"), "--lse", path("l.npy"), *flags)
+    check(r.returncode == 0, f"run with {what}: {r.stderr!r}")
+    if r.returncode == 0:
+        want, want_lse = masked_reference(mq, mk_, mv, **kw)
+        got, got_lse = np.load(path("o.npy")), np.load(path("l.npy"))
+        check(np.abs(got - want).max() <= 1e-5, f"run with {what}: max |out - ref| "
+              f"{np.abs(got - want).max():.3g}")
+        fin = np.isfinite(want_lse)
+        check(np.array_equal(fin, np.isfinite(got_lse)) and
+              (not fin.any() or np.abs(got_lse[fin] - want_lse[fin]).max() <= 1e-4),
+              f"run with {what}: LSE, -inf exactly where nothing is seen")
+r = sdpa("run", "--q", save("q.npy", mq), "--k", save("k.npy", mk_), "--v", save("v.npy", mv),
+         "--out", path("o.npy"), "--seq-len-kv", "30,31,5")
+check(r.returncode == 1 and "mask->seq_len_kv[1] is 31, expected 0..30" in r.stderr,
+      f"a length beyond Skv names the argument: {r.stderr!r}")
+r = sdpa("run", "--q", save("q.npy", mq), "--k", save("k.npy", mk_), "--v", save("v.npy", mv),
+         "--out", path("o.npy"), "--seq-len-q", "1,2")
+check(r.returncode == 2 and "expected 3 (B)" in r.stderr, f"too few lengths: {r.stderr!r}")
+r = sdpa("run", "--q", save("q.npy", mq), "--k", save("k.npy", mk_), "--v", save("v.npy", mv),
+         "--out", path("o.npy"), "--mask", save("bad.npy", additive[:, :, :, :7]))
+check(r.returncode == 2 and "--mask" in r.stderr and "[3, 4, 21, 30]" in r.stderr,
+      f"a mask of the wrong shape: {r.stderr!r}")
+r = sdpa("explain", "--shape", "2,4096,77,10,10,64", "--mask", "seq_len,key", "--json")
+ex = json.loads(r.stdout) if r.returncode == 0 else {}
+check(ex.get("call", {}).get("mask") == "seq_len+key" and ex.get("candidates") == ["ref"] and
+      "mask not supported" in ex.get("rejected", {}).get("cpu.portable", ""),
+      f"explain --mask: {r.stdout[:300]!r} {r.stderr!r}")
+
 # ---- run: outputs are written all or nothing, and no existing file is lost
 def fresh_inputs():
     return ["--q", save("q.npy", q), "--k", save("k.npy", k), "--v", save("v.npy", v)]
