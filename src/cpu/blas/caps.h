@@ -8,6 +8,7 @@
 
 #define SDPA_CPU_BLAS_CAPS                                                                         \
     {.dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1, .gqa = 1,     \
-     .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1}
+     .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,   \
+     .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL}
 
 #endif

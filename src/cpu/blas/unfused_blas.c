@@ -139,6 +139,32 @@ typedef struct blas_job {
     size_t per;
 } blas_job;
 
+/* The key and general masks on one row of scores (the first n keys): a
+ * hidden key's score becomes -inf, an additive mask is added. Only masked
+ * calls pay for this loop. */
+static void apply_masks(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i, float *s,
+                        int64_t n)
+{
+    const uint8_t *key = mk->key ? mk->key + b * mk->key_stride[0] : NULL;
+    const int64_t g0 = b * mk->general_stride[0] + h * mk->general_stride[1] +
+                       i * mk->general_stride[2];
+    for (int64_t j = 0; j < n; j++) {
+        if (key && !key[j * mk->key_stride[1]]) {
+            s[j] = -INFINITY;
+            continue;
+        }
+        if (!mk->general)
+            continue;
+        const int64_t at = g0 + j * mk->general_stride[3];
+        if (mk->general_type == SDPA_MASK_BOOL)
+            s[j] = ((const uint8_t *)mk->general)[at] ? s[j] : -INFINITY;
+        else {
+            const float add = sdpa__load_f32(mk->general, mk->general_dtype, at);
+            s[j] = add == -INFINITY ? -INFINITY : s[j] + add;
+        }
+    }
+}
+
 static void blas_task(void *arg, int64_t task, int worker)
 {
     const blas_job *j = arg;
@@ -147,14 +173,19 @@ static void blas_task(void *arg, int64_t task, int worker)
     const int64_t blk = task % j->n_blocks, bh = task / j->n_blocks;
     const int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / (d->Hq / d->Hkv);
     const int64_t i0 = blk * BR, rows = d->Sq - i0 < BR ? d->Sq - i0 : BR;
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    /* Sequence lengths (sdpa.h): padding rows see nothing, keys past the
+     * real length are never attended, causal aligns on the real lengths. */
+    const sdpa_mask *mk = c->mask;
+    const int64_t len_q = mk && mk->seq_len_q ? mk->seq_len_q[b] : d->Sq;
+    const int64_t len_kv = mk && mk->seq_len_kv ? mk->seq_len_kv[b] : d->Skv;
+    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
     const int causal = c->causal != SDPA_CAUSAL_NONE;
     float *s = j->mem + j->per * (size_t)worker, *o = s + (size_t)BR * (size_t)d->Skv;
 
-    int64_t kv_end = d->Skv; /* keys past it are masked for the whole block */
+    int64_t kv_end = len_kv; /* keys past it are masked for the whole block */
     if (causal) {
         int64_t last = i0 + rows - 1 + offset;
-        kv_end = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+        kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
     }
     const float *q = (const float *)c->q->data + sdpa__offset(c->q, b, i0, h, 0);
     const float *k = (const float *)c->k->data + sdpa__offset(c->k, b, 0, hk, 0);
@@ -165,11 +196,13 @@ static void blas_task(void *arg, int64_t task, int worker)
                     (int)kv_end);
     float m[BR], l[BR];
     for (int64_t r = 0; r < rows; r++) {
-        int64_t vis = kv_end;
-        if (causal) {
+        int64_t vis = i0 + r < len_q ? kv_end : 0;
+        if (causal && vis > 0) {
             int64_t last = i0 + r + offset;
             vis = last < 0 ? 0 : (last + 1 < kv_end ? last + 1 : kv_end);
         }
+        if (mk && (mk->key || mk->general))
+            apply_masks(mk, b, h, i0 + r, s + r * kv_end, vis);
         l[r] = j->softmax_row(s + r * kv_end, kv_end, vis, &m[r]);
     }
     if (kv_end > 0)
