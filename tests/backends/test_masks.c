@@ -329,10 +329,15 @@ static void dispatch(void)
     d.mask = 0;
     CHECK_STATUS(sdpa_decide(c2, &d, &dec), SDPA_OK);
     CHECK(strcmp(dec.rule, "plain") == 0, "no mask matched 'mask none': rule %s", dec.rule);
-    d.mask = SDPA_MASK_KIND_GENERAL, d.backend = "cpu.portable";
-    CHECK_STATUS(sdpa_decide(c2, &d, &dec), SDPA_OK);
+    sdpa_context *gpu = tl_context("cuda:sm_100"); /* declared: no masks yet */
+    sdpa_call_desc g = d;
+    g.device = SDPA_DEVICE_CUDA, g.dtype = SDPA_BF16, g.mask = SDPA_MASK_KIND_GENERAL;
+    g.backend = "cuda.flash";
+    CHECK_STATUS(sdpa_decide(gpu, &g, &dec), SDPA_OK);
     CHECK(dec.status == SDPA_UNSUPPORTED && strstr(dec.error, "general mask not supported"),
           "explicit backend without the mask: %s", dec.error);
+    sdpa_context_destroy(gpu);
+    d.mask = SDPA_MASK_KIND_GENERAL;
     char *text;
     d.backend = NULL;
     CHECK_STATUS(sdpa_explain(c2, &d, 1, &text), SDPA_OK);

@@ -27,6 +27,7 @@
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../exp_portable.h"
+#include "../mask_row.h"
 
 #include <cblas.h> /* for the prototypes only: nothing here links OpenBLAS */
 #include <dlfcn.h>
@@ -139,32 +140,6 @@ typedef struct blas_job {
     size_t per;
 } blas_job;
 
-/* The key and general masks on one row of scores (the first n keys): a
- * hidden key's score becomes -inf, an additive mask is added. Only masked
- * calls pay for this loop. */
-static void apply_masks(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i, float *s,
-                        int64_t n)
-{
-    const uint8_t *key = mk->key ? mk->key + b * mk->key_stride[0] : NULL;
-    const int64_t g0 = b * mk->general_stride[0] + h * mk->general_stride[1] +
-                       i * mk->general_stride[2];
-    for (int64_t j = 0; j < n; j++) {
-        if (key && !key[j * mk->key_stride[1]]) {
-            s[j] = -INFINITY;
-            continue;
-        }
-        if (!mk->general)
-            continue;
-        const int64_t at = g0 + j * mk->general_stride[3];
-        if (mk->general_type == SDPA_MASK_BOOL)
-            s[j] = ((const uint8_t *)mk->general)[at] ? s[j] : -INFINITY;
-        else {
-            const float add = sdpa__load_f32(mk->general, mk->general_dtype, at);
-            s[j] = add == -INFINITY ? -INFINITY : s[j] + add;
-        }
-    }
-}
-
 static void blas_task(void *arg, int64_t task, int worker)
 {
     const blas_job *j = arg;
@@ -176,8 +151,8 @@ static void blas_task(void *arg, int64_t task, int worker)
     /* Sequence lengths (sdpa.h): padding rows see nothing, keys past the
      * real length are never attended, causal aligns on the real lengths. */
     const sdpa_mask *mk = c->mask;
-    const int64_t len_q = mk && mk->seq_len_q ? mk->seq_len_q[b] : d->Sq;
-    const int64_t len_kv = mk && mk->seq_len_kv ? mk->seq_len_kv[b] : d->Skv;
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
     const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
     const int causal = c->causal != SDPA_CAUSAL_NONE;
     float *s = j->mem + j->per * (size_t)worker, *o = s + (size_t)BR * (size_t)d->Skv;
@@ -202,7 +177,7 @@ static void blas_task(void *arg, int64_t task, int worker)
             vis = last < 0 ? 0 : (last + 1 < kv_end ? last + 1 : kv_end);
         }
         if (mk && (mk->key || mk->general))
-            apply_masks(mk, b, h, i0 + r, s + r * kv_end, vis);
+            sdpa__mask_row(mk, b, h, i0 + r, 0, s + r * kv_end, vis);
         l[r] = j->softmax_row(s + r * kv_end, kv_end, vis, &m[r]);
     }
     if (kv_end > 0)

@@ -23,6 +23,7 @@
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../exp_portable.h"
+#include "../mask_row.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -95,13 +96,23 @@ static void load_kv(const sdpa_call *c, const workspace *w, int Dp, int64_t b, i
  * m and l, and rescales O. Row i may see the first n_cols(i) keys of the
  * tile; the rest of its P row is zeroed so P V ignores them.
  */
+/* Where a tile sits in the call, for the masks (sdpa.h): rows at or past
+ * rows_real are padding; key and general masks are applied per row. */
+typedef struct tile_at {
+    const sdpa_mask *mask; /* key or general mask to apply, or NULL */
+    int64_t b, h, i0, j0;
+    int rows_real;
+} tile_at;
+
 static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t limit0,
-                         int causal)
+                         int causal, const tile_at *at)
 {
     for (int i = 0; i < rows; i++) {
         float *srow = w->s + (size_t)i * BK;
         int64_t lim = causal ? limit0 + i : bk; /* keys of this tile the row may see */
-        int n_cols = lim < 0 ? 0 : (lim < bk ? (int)lim : bk);
+        int n_cols = i >= at->rows_real ? 0 : lim < 0 ? 0 : (lim < bk ? (int)lim : bk);
+        if (at->mask && n_cols > 0)
+            sdpa__mask_row(at->mask, at->b, at->h, at->i0 + i, at->j0, srow, n_cols);
         float mx = w->m[i];
         for (int j = 0; j < n_cols; j++)
             mx = srow[j] > mx ? srow[j] : mx;
@@ -144,13 +155,18 @@ static void flash_task(void *arg, int64_t task, int worker)
     const int64_t i0 = qb * BQ;
     const int rows = (int)(d->Sq - i0 < BQ ? d->Sq - i0 : BQ);
     const int rows_p = round_up(rows, MR);
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    /* Sequence lengths: padding rows, real key count, causal on real lengths. */
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
+    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
+    tile_at at = {c->mask && (c->mask->key || c->mask->general) ? c->mask : NULL, b, h, i0, 0,
+                  (int)(len_q - i0 < 0 ? 0 : len_q - i0 < rows ? len_q - i0 : rows)};
 
     /* Keys beyond kv_end are masked for every row of this block. */
-    int64_t kv_end = d->Skv;
-    if (c->causal != SDPA_CAUSAL_NONE) {
-        int64_t last_visible = i0 + rows - 1 + offset; /* of the block's last row */
-        kv_end = last_visible < 0 ? 0 : (last_visible + 1 < d->Skv ? last_visible + 1 : d->Skv);
+    int64_t kv_end = at.rows_real > 0 ? len_kv : 0;
+    if (c->causal != SDPA_CAUSAL_NONE && kv_end > 0) {
+        int64_t last_visible = i0 + at.rows_real - 1 + offset; /* of the last real row */
+        kv_end = last_visible < 0 ? 0 : (last_visible + 1 < len_kv ? last_visible + 1 : len_kv);
     }
 
     const sdpa_tensor *q = c->q;
@@ -170,7 +186,8 @@ static void flash_task(void *arg, int64_t task, int worker)
         /* Row i sees keys j <= i0 + i + offset, i.e. the first
          * (i0 + i + offset + 1 - j0) of this tile; without a mask, all. */
         const int64_t limit0 = c->causal != SDPA_CAUSAL_NONE ? i0 + offset + 1 - j0 : BK;
-        softmax_tile(w, Dp, rows, bk, limit0, c->causal != SDPA_CAUSAL_NONE);
+        at.j0 = j0;
+        softmax_tile(w, Dp, rows, bk, limit0, c->causal != SDPA_CAUSAL_NONE, &at);
         gemm_acc(rows_p, Dp, bk, w->s, BK, w->v, Dp, w->o, Dp);
     }
 
@@ -218,6 +235,7 @@ const sdpa_backend sdpa__backend_cpu_portable = {
     .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1024, .d_multiple = 1, .gqa = 1, .cross = 1,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1},
     .fallback_rank = 10,
     .version = SDPA_VERSION_STRING,
