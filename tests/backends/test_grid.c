@@ -372,6 +372,15 @@ int main(int argc, char **argv)
         printf("cannot add cpu.amx-emulated: %s\n", sdpa_last_error());
         return 1;
     }
+    /* The emulated kernel runs wherever AVX512-BF16 does: it must claim a
+     * plain bf16 case here, or the grid would skip it silently. */
+    if (sdpa_context_platform(ctx2)->cpu_features & SDPA_CPU_AVX512BF16) {
+        tl_case probe = mk(1, 64, 64, 2, 2, 64);
+        char why[512];
+        probe.dtype = SDPA_BF16;
+        CHECK(claims("cpu.amx-emulated", &probe, why, sizeof why),
+              "cpu.amx-emulated does not claim a plain bf16 case: %s", why);
+    }
 #endif
     if (argc > 1) {
         for (int i = 1; i < argc; i++)

@@ -436,7 +436,7 @@ const sdpa_backend AMX_BACKEND_SYMBOL = {
     .name = AMX_BACKEND_NAME,
     .summary = AMX_SUMMARY,
     .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AMX_CAPS,
+    .caps = SDPA_CPU_AMX_CAPS_WITH(AMX_FEATURES),
 #ifdef SDPA_AMX_EMULATE
     .fallback_rank = 0,
 #else
