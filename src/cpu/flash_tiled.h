@@ -41,6 +41,7 @@
  */
 #include "../core/convert.h"
 #include "flash_tasks.h"
+#include "mask_row.h"
 #include "../core/backend.h"
 
 #include <math.h>
@@ -222,6 +223,38 @@ static void mask_tile(float *st, int bk, int64_t j0, int64_t i0, int64_t offset)
     }
 }
 
+/*
+ * The masks of sdpa.h on an S^T tile (key j0 + j, query i0 + r): padding
+ * query rows (r >= rows_real) and keys the key or general mask hides get
+ * -inf. Only masked calls come here; a key mask hides whole key rows of the
+ * tile, a general mask is read entry by entry.
+ */
+static void mask_tile_masks(float *st, int bk, int64_t j0, int64_t i0, int rows_real,
+                            const sdpa_mask *mk, int64_t b, int64_t h)
+{
+    const uint8_t *key = mk && mk->key ? mk->key + b * mk->key_stride[0] : NULL;
+    for (int j = 0; j < bk; j++) {
+        float *col = st + (ptrdiff_t)j * BQ;
+        if (key && !key[(j0 + j) * mk->key_stride[1]]) {
+            for (int r = 0; r < BQ; r++)
+                col[r] = -INFINITY;
+            continue;
+        }
+        for (int r = rows_real; r < BQ; r++)
+            col[r] = -INFINITY;
+        if (mk && mk->general)
+            for (int r = 0; r < rows_real; r++) {
+                float s = col[r];
+                const sdpa_mask one = {NULL, NULL, NULL, {0, 0}, mk->general, mk->general_type,
+                                       mk->general_dtype,
+                                       {mk->general_stride[0], mk->general_stride[1],
+                                        mk->general_stride[2], mk->general_stride[3]}};
+                sdpa__mask_row(&one, b, h, i0 + r, j0 + j, &s, 1);
+                col[r] = s;
+            }
+    }
+}
+
 /* Online softmax over a P^T tile: updates m, l and rescales O^T. */
 static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
 {
@@ -269,11 +302,28 @@ static void task_fn(void *arg, int64_t task, int worker)
     const sdpa_call *c = jb->c;
     const sdpa_call_desc *d = &c->desc;
     const workspace *w = &jb->ws[worker];
-    const flash_task tk = flash_task_make(c, &jb->split, BQ, task);
+    flash_task tk = flash_task_make(c, &jb->split, BQ, task);
     const int64_t D = d->D;
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
         load_q(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
+    }
+    /* Masks (sdpa.h): real lengths bound the keys and align causal; the
+     * rest is applied per tile, only for masked calls. */
+    const sdpa_mask *mk = c->mask;
+    int64_t len_q = d->Sq, len_kv = d->Skv;
+    if (mk) {
+        sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
+        if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT)
+            tk.offset = len_kv - len_q;
+        const int64_t i_end = tk.i_first + (int64_t)tk.nqb * BQ < len_q
+                                  ? tk.i_first + (int64_t)tk.nqb * BQ
+                                  : len_q; /* one past the last real row */
+        tk.kv_end = i_end <= tk.i_first ? 0 : len_kv;
+        if (tk.causal && tk.kv_end > 0) {
+            const int64_t last = i_end - 1 + tk.offset;
+            tk.kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
+        }
     }
     for (int64_t j0 = 0; j0 < tk.kv_end; j0 += BK) {
         const int bk = (int)(tk.kv_end - j0 < BK ? tk.kv_end - j0 : BK);
@@ -302,6 +352,11 @@ static void task_fn(void *arg, int64_t task, int worker)
 #endif
             if (tk.causal && j0 + bk - 1 > i0 + tk.offset)
                 mask_tile(w->st, bk, j0, i0, tk.offset);
+            if (mk) {
+                const int64_t real = len_q - i0;
+                mask_tile_masks(w->st, bk, j0, i0, real < 0 ? 0 : real > BQ ? BQ : (int)real,
+                                mk->key || mk->general ? mk : NULL, tk.b, tk.h);
+            }
             softmax_tile(w->st, bk, qb, D);
 #ifdef TILED_PAIRS
             pack_p_pairs(w->st, bk);
