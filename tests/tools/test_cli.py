@@ -266,11 +266,15 @@ check(r.returncode == 2 and "--mask" in r.stderr and "[3, 4, 21, 30]" in r.stder
 r = sdpa("explain", "--shape", "2,4096,77,10,10,64", "--mask", "seq_len,key", "--json")
 ex = json.loads(r.stdout) if r.returncode == 0 else {}
 check(ex.get("call", {}).get("mask") == "seq_len+key" and ex.get("candidates", [None])[-1] == "ref"
-      and ex.get("rule", {}).get("name") == "cpu-masked"
-      and all("mask not supported" in ex["rejected"].get(b, "mask not supported") or
-              "needs" in ex["rejected"].get(b, "")
-              for b in ("cpu.avx512", "cpu.avx2")),
+      and ex.get("rule", {}).get("name") == "cpu-masked",
       f"explain --mask: {r.stdout[:300]!r} {r.stderr!r}")
+r = sdpa("explain", "--platform", "cuda:sm_100", "--shape", "2,4096,512,24,24,128", "--mask",
+         "general", "--json")
+ex = json.loads(r.stdout) if r.returncode == 0 else {"rejected": {}}
+check(all("general mask not supported" in ex["rejected"].get(b, "")
+          for b in ("cuda.cudnn", "cuda.flash", "cuda.unfused")),
+      f"explain --mask general on a CUDA platform says why each CUDA backend is passed over: "
+      f"{ex.get('rejected')!r}")
 
 # ---- run: outputs are written all or nothing, and no existing file is lost
 def fresh_inputs():
