@@ -243,15 +243,8 @@ static void mask_tile_masks(float *st, int bk, int64_t j0, int64_t i0, int rows_
         for (int r = rows_real; r < BQ; r++)
             col[r] = -INFINITY;
         if (mk && mk->general)
-            for (int r = 0; r < rows_real; r++) {
-                float s = col[r];
-                const sdpa_mask one = {NULL, NULL, NULL, {0, 0}, mk->general, mk->general_type,
-                                       mk->general_dtype,
-                                       {mk->general_stride[0], mk->general_stride[1],
-                                        mk->general_stride[2], mk->general_stride[3]}};
-                sdpa__mask_row(&one, b, h, i0 + r, j0 + j, &s, 1);
-                col[r] = s;
-            }
+            for (int r = 0; r < rows_real; r++)
+                col[r] = sdpa__mask_general(mk, sdpa__mask_at(mk, b, h, i0 + r, j0 + j), col[r]);
     }
 }
 

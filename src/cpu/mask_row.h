@@ -12,28 +12,34 @@
 
 #include <math.h>
 
+/* Score s of a key at element `at` of the general mask, masked. */
+static inline float sdpa__mask_general(const sdpa_mask *mk, int64_t at, float s)
+{
+    if (mk->general_type == SDPA_MASK_BOOL)
+        return ((const uint8_t *)mk->general)[at] ? s : -INFINITY;
+    const float add = sdpa__load_f32(mk->general, mk->general_dtype, at);
+    return add == -INFINITY ? -INFINITY : s + add;
+}
+
+/* Element of the general mask for query i of (b, h) and key j. */
+static inline int64_t sdpa__mask_at(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i,
+                                    int64_t j)
+{
+    return b * mk->general_stride[0] + h * mk->general_stride[1] + i * mk->general_stride[2] +
+           j * mk->general_stride[3];
+}
+
 /* Scores s[0..n) of query i of (b, h) against keys j0 .. j0 + n - 1. */
 static inline void sdpa__mask_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i,
                                   int64_t j0, float *s, int64_t n)
 {
     const uint8_t *key = mk->key ? mk->key + b * mk->key_stride[0] : NULL;
-    const int64_t g0 = b * mk->general_stride[0] + h * mk->general_stride[1] +
-                       i * mk->general_stride[2];
     for (int64_t jj = 0; jj < n; jj++) {
         const int64_t j = j0 + jj;
-        if (key && !key[j * mk->key_stride[1]]) {
+        if (key && !key[j * mk->key_stride[1]])
             s[jj] = -INFINITY;
-            continue;
-        }
-        if (!mk->general)
-            continue;
-        const int64_t at = g0 + j * mk->general_stride[3];
-        if (mk->general_type == SDPA_MASK_BOOL) {
-            s[jj] = ((const uint8_t *)mk->general)[at] ? s[jj] : -INFINITY;
-        } else {
-            const float add = sdpa__load_f32(mk->general, mk->general_dtype, at);
-            s[jj] = add == -INFINITY ? -INFINITY : s[jj] + add;
-        }
+        else if (mk->general)
+            s[jj] = sdpa__mask_general(mk, sdpa__mask_at(mk, b, h, i, j), s[jj]);
     }
 }
 
