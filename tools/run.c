@@ -95,7 +95,7 @@ static int read_masks(const char *len_q, const char *len_kv, const char *key_pat
             return tool_usage_error("--key-mask: %s must be float32 [B or 1, Skv] = [%lld, %lld]",
                                     key_path, (long long)B, (long long)Skv);
         if (!(*key_bytes = malloc((size_t)(s[0] * s[1]) + 1)))
-            return tool_lib_error("out of memory for --key-mask", SDPA_OUT_OF_MEMORY);
+            return fprintf(stderr, "sdpa: error: --key-mask: out of memory\n"), 1;
         for (int64_t i = 0; i < s[0] * s[1]; i++)
             (*key_bytes)[i] = ((const float *)mk[0].data)[i] != 0.0f;
         m->key = *key_bytes;
@@ -199,7 +199,8 @@ int cmd_run(int argc, char **argv)
     p.mask = &mask;
     for (int i = 0; i < 3; i++)
         if (!(conv[i] = convert_input(&a[i], dtype))) {
-            rc = tool_lib_error("out of memory converting inputs", SDPA_OUT_OF_MEMORY);
+            fprintf(stderr, "sdpa: error: out of memory converting the inputs to %s\n",
+                    sdpa_dtype_name(dtype));
             goto done;
         }
     const int64_t *qs = a[0].shape, *ks = a[1].shape, *vs = a[2].shape;

@@ -9,6 +9,7 @@
 #define SDPA_FLASH_TASKS_H
 
 #include "../core/core.h"
+#include "mask_row.h"
 
 typedef struct flash_split {
     int qb_per_task;         /* query blocks sharing one packed K/V block */
@@ -39,6 +40,9 @@ typedef struct flash_task {
     int64_t i_first;
     int nqb;           /* query blocks in this task               */
     int64_t kv_end;
+    int64_t len_q;     /* real queries of batch entry b (sdpa.h's
+                        * seq_len_q; Sq without one): rows at or past
+                        * it are padding */
 } flash_task;
 
 static inline flash_task flash_task_make(const sdpa_call *c, const flash_split *s, int bq,
@@ -49,14 +53,18 @@ static inline flash_task flash_task_make(const sdpa_call *c, const flash_split *
     const int64_t bh = task / s->tasks_per_head, qb0 = task % s->tasks_per_head * s->qb_per_task;
     t.b = bh / d->Hq, t.h = bh % d->Hq, t.hk = t.h / (d->Hq / d->Hkv);
     t.causal = c->causal != SDPA_CAUSAL_NONE;
-    t.offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    /* Sequence lengths bound the keys and align causal on the real
+     * lengths; without them they are Sq and Skv. */
+    int64_t len_kv;
+    sdpa__seq_lens(c, t.b, &t.len_q, &len_kv);
+    t.offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - t.len_q : 0;
     t.nqb = (int)(s->n_qblocks - qb0 < s->qb_per_task ? s->n_qblocks - qb0 : s->qb_per_task);
     t.i_first = qb0 * bq;
-    const int64_t i_last = (qb0 + t.nqb) * bq < d->Sq ? (qb0 + t.nqb) * bq - 1 : d->Sq - 1;
-    t.kv_end = d->Skv;
-    if (t.causal) {
-        const int64_t last = i_last + t.offset;
-        t.kv_end = last < 0 ? 0 : (last + 1 < d->Skv ? last + 1 : d->Skv);
+    const int64_t i_end = (qb0 + t.nqb) * bq < t.len_q ? (qb0 + t.nqb) * bq : t.len_q;
+    t.kv_end = i_end <= t.i_first ? 0 : len_kv; /* a task of padding rows sees nothing */
+    if (t.causal && t.kv_end > 0) {
+        const int64_t last = i_end - 1 + t.offset;
+        t.kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
     }
     return t;
 }

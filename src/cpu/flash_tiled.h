@@ -295,29 +295,15 @@ static void task_fn(void *arg, int64_t task, int worker)
     const sdpa_call *c = jb->c;
     const sdpa_call_desc *d = &c->desc;
     const workspace *w = &jb->ws[worker];
-    flash_task tk = flash_task_make(c, &jb->split, BQ, task);
+    const flash_task tk = flash_task_make(c, &jb->split, BQ, task);
     const int64_t D = d->D;
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
         load_q(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
     }
-    /* Masks (sdpa.h): real lengths bound the keys and align causal; the
-     * rest is applied per tile, only for masked calls. */
+    /* Masks (sdpa.h): flash_task_make bounded the keys by the real
+     * lengths; the rest is applied per tile, only for masked calls. */
     const sdpa_mask *mk = c->mask;
-    int64_t len_q = d->Sq, len_kv = d->Skv;
-    if (mk) {
-        sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
-        if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT)
-            tk.offset = len_kv - len_q;
-        const int64_t i_end = tk.i_first + (int64_t)tk.nqb * BQ < len_q
-                                  ? tk.i_first + (int64_t)tk.nqb * BQ
-                                  : len_q; /* one past the last real row */
-        tk.kv_end = i_end <= tk.i_first ? 0 : len_kv;
-        if (tk.causal && tk.kv_end > 0) {
-            const int64_t last = i_end - 1 + tk.offset;
-            tk.kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
-        }
-    }
     for (int64_t j0 = 0; j0 < tk.kv_end; j0 += BK) {
         const int bk = (int)(tk.kv_end - j0 < BK ? tk.kv_end - j0 : BK);
 #ifdef TILED_PAIRS
@@ -346,7 +332,7 @@ static void task_fn(void *arg, int64_t task, int worker)
             if (tk.causal && j0 + bk - 1 > i0 + tk.offset)
                 mask_tile(w->st, bk, j0, i0, tk.offset);
             if (mk) {
-                const int64_t real = len_q - i0;
+                const int64_t real = tk.len_q - i0;
                 mask_tile_masks(w->st, bk, j0, i0, real < 0 ? 0 : real > BQ ? BQ : (int)real,
                                 mk->key || mk->general ? mk : NULL, tk.b, tk.h);
             }
