@@ -5,7 +5,7 @@
 #                 run against it, and the .deb packed, installed and removed
 #                 (scripts/examples.sh)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
-#   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid)
+#   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks)
 #   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser and the
 #                 .npy reader, SDPA_FUZZ_SECONDS (default 20) each, from the
 #                 corpora in tests/fuzz/corpus (new inputs stay in build-fuzz/)
@@ -33,7 +33,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
 TSAN_OPTIONS=halt_on_error=1 \
-  configure_and_test build-tsan "test_dispatch|test_grid" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  configure_and_test build-tsan "test_dispatch|test_grid|test_masks" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
 
 echo "== build-fuzz"

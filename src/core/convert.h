@@ -72,10 +72,16 @@ static inline void sdpa__load_row_bf16(const void *src, sdpa_dtype t, int64_t st
         dst[j] = sdpa__f32_to_bf16(sdpa__load_f32(src, t, j * stride));
 }
 
-/* dst[j * stride] = src[j] * mul for j < n, converting to dtype t. */
+/* dst[j * stride] = src[j] * mul for j < n, converting to dtype t; mul = 0
+ * writes zeros, whatever src holds. */
 static inline void sdpa__store_row(void *dst, sdpa_dtype t, int64_t stride, int64_t n,
                                    float mul, const float *restrict src)
 {
+    if (mul == 0.0f) { /* zeros, even where a zero weight met NaN or Inf in v */
+        for (int64_t j = 0; j < n; j++)
+            sdpa__store_f32(dst, t, j * stride, 0.0f);
+        return;
+    }
     for (int64_t j = 0; j < n; j++)
         sdpa__store_f32(dst, t, j * stride, src[j] * mul);
 }

@@ -69,6 +69,29 @@ static inline flash_task flash_task_make(const sdpa_call *c, const flash_split *
     return t;
 }
 
+/*
+ * The keys a task reads under a key mask: the visible ones below kv_end,
+ * gathered into idx[] (ascending; Skv entries of room), so that K/V
+ * blocks are packed from visible keys only and a hidden key costs one
+ * byte read, not a column of scores. Returns how many; without a key
+ * mask the keys are 0..kv_end and idx is not touched.
+ */
+static inline int64_t flash_task_keys(const sdpa_call *c, const flash_task *t, int64_t *idx)
+{
+    const sdpa_mask *mk = c->mask;
+    if (!mk || !mk->key)
+        return t->kv_end;
+    const uint8_t *key = mk->key + t->b * mk->key_stride[0];
+    int64_t n = 0;
+    for (int64_t j = 0; j < t->kv_end; j++)
+        if (key[j * mk->key_stride[1]])
+            idx[n++] = j;
+    return n;
+}
+
+/* Key number of the p-th key a task reads (idx NULL: keys are 0..kv_end). */
+static inline int64_t flash_key(const int64_t *idx, int64_t p) { return idx ? idx[p] : p; }
+
 /* Rows of the query block starting at i0 (the last one may be short). */
 static inline int flash_block_rows(const sdpa_call_desc *d, int64_t i0, int bq)
 {

@@ -72,6 +72,7 @@ typedef struct workspace {
     float *st;    /* [BK][BQ] S^T, then P^T */
     float *k, *v; /* [BK][D]  */
     float *row;   /* [D] scratch */
+    int64_t *keys; /* [Skv] visible keys under a key mask, else NULL */
 } workspace;
 
 typedef struct job {
@@ -162,7 +163,7 @@ static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb, int
 /* K rows j0.. as bf16 rows of Dp = D rounded up to even (zero pad); V as
  * [BK/2][D] pairs of consecutive keys (key bk of an odd bk is zero). */
 static void load_kv_pairs(const sdpa_call *c, const workspace *w, const flash_task *tk,
-                          int64_t j0, int bk)
+                          const int64_t *idx, int64_t p0, int bk)
 {
     const sdpa_tensor *k = c->k, *v = c->v;
     const int64_t D = c->desc.D, Dp = (D + 1) / 2 * 2;
@@ -171,15 +172,16 @@ static void load_kv_pairs(const sdpa_call *c, const workspace *w, const flash_ta
     for (int j = 0; j < bk; j++) {
         if (Dp > D)
             kb[(ptrdiff_t)j * Dp + D] = 0; /* the pad of an odd D */
-        sdpa__load_row_bf16(sdpa__elem(k, sdpa__offset(k, tk->b, j0 + j, tk->hk, 0)), k->dtype,
-                            k->stride[3], D, kb + (ptrdiff_t)j * Dp);
+        sdpa__load_row_bf16(sdpa__elem(k, sdpa__offset(k, tk->b, flash_key(idx, p0 + j), tk->hk, 0)),
+                            k->dtype, k->stride[3], D, kb + (ptrdiff_t)j * Dp);
     }
     for (int j = 0; j < bk; j += 2) {
-        sdpa__load_row_bf16(sdpa__elem(v, sdpa__offset(v, tk->b, j0 + j, tk->hk, 0)), v->dtype,
-                            v->stride[3], D, lo);
+        sdpa__load_row_bf16(sdpa__elem(v, sdpa__offset(v, tk->b, flash_key(idx, p0 + j), tk->hk, 0)),
+                            v->dtype, v->stride[3], D, lo);
         if (j + 1 < bk)
-            sdpa__load_row_bf16(sdpa__elem(v, sdpa__offset(v, tk->b, j0 + j + 1, tk->hk, 0)),
-                                v->dtype, v->stride[3], D, hi);
+            sdpa__load_row_bf16(
+                sdpa__elem(v, sdpa__offset(v, tk->b, flash_key(idx, p0 + j + 1), tk->hk, 0)),
+                v->dtype, v->stride[3], D, hi);
         else
             memset(hi, 0, sizeof *hi * (size_t)D);
         uint32_t *dst = vp + (ptrdiff_t)(j / 2) * D;
@@ -211,12 +213,14 @@ static void pack_p_pairs(float *st, int bk)
 }
 #endif
 
-/* Masks S^T entries (key j0 + j, query i0 + r) with j0 + j > i0 + r + offset. */
-static void mask_tile(float *st, int bk, int64_t j0, int64_t i0, int64_t offset)
+/* Masks S^T entries (key kj = flash_key(idx, p0 + j), query i0 + r) with
+ * kj > i0 + r + offset. */
+static void mask_tile(float *st, int bk, const int64_t *idx, int64_t p0, int64_t i0,
+                      int64_t offset)
 {
     for (int j = 0; j < bk; j++) {
-        /* queries r with i0 + r + offset < j0 + j are masked: r < first */
-        int64_t first = j0 + j - offset - i0;
+        /* queries r with i0 + r + offset < kj are masked: r < first */
+        int64_t first = flash_key(idx, p0 + j) - offset - i0;
         int n = first <= 0 ? 0 : (first > BQ ? BQ : (int)first);
         for (int r = 0; r < n; r++)
             st[(ptrdiff_t)j * BQ + r] = -INFINITY;
@@ -224,27 +228,20 @@ static void mask_tile(float *st, int bk, int64_t j0, int64_t i0, int64_t offset)
 }
 
 /*
- * The masks of sdpa.h on an S^T tile (key j0 + j, query i0 + r): padding
- * query rows (r >= rows_real) and keys the key or general mask hides get
- * -inf. Only masked calls come here; a key mask hides whole key rows of the
- * tile, a general mask is read entry by entry.
+ * The general mask of sdpa.h on an S^T tile (key flash_key(idx, p0 + j),
+ * query i0 + r), read entry by entry for the rows that are not padding.
+ * Only calls with a general mask come here: sequence lengths bound the
+ * task (flash_task_make), a key mask is gathered (flash_task_keys) and
+ * padding rows are stored as zeros (store_out).
  */
-static void mask_tile_masks(float *st, int bk, int64_t j0, int64_t i0, int rows_real,
-                            const sdpa_mask *mk, int64_t b, int64_t h)
+static void mask_tile_general(float *st, int bk, const int64_t *idx, int64_t p0, int64_t i0,
+                              int rows, const sdpa_mask *mk, int64_t b, int64_t h)
 {
-    const uint8_t *key = mk && mk->key ? mk->key + b * mk->key_stride[0] : NULL;
     for (int j = 0; j < bk; j++) {
         float *col = st + (ptrdiff_t)j * BQ;
-        if (key && !key[(j0 + j) * mk->key_stride[1]]) {
-            for (int r = 0; r < BQ; r++)
-                col[r] = -INFINITY;
-            continue;
-        }
-        for (int r = rows_real; r < BQ; r++)
-            col[r] = -INFINITY;
-        if (mk && mk->general)
-            for (int r = 0; r < rows_real; r++)
-                col[r] = sdpa__mask_general(mk, sdpa__mask_at(mk, b, h, i0 + r, j0 + j), col[r]);
+        const int64_t kj = flash_key(idx, p0 + j);
+        for (int r = 0; r < rows; r++)
+            col[r] = sdpa__mask_general(mk, sdpa__mask_at(mk, b, h, i0 + r, kj), col[r]);
     }
 }
 
@@ -279,13 +276,15 @@ static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
     }
 }
 
+/* Rows at or past len_q are padding (sdpa.h): zeros and LSE -inf, l = 0. */
 static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb, int64_t b,
-                      int64_t h, int64_t i0, int rows)
+                      int64_t h, int64_t i0, int rows, int64_t len_q)
 {
     for (int r = 0; r < rows; r++) {
         for (int64_t e = 0; e < c->desc.D; e++) /* O^T column -> row */
             w->row[e] = qb->ot[e * BQ + r];
-        sdpa__store_result(c, b, i0 + r, h, w->row, qb->m[r], qb->l[r], 0);
+        sdpa__store_result(c, b, i0 + r, h, w->row, qb->m[r], i0 + r < len_q ? qb->l[r] : 0.0f,
+                           0);
     }
 }
 
@@ -302,26 +301,31 @@ static void task_fn(void *arg, int64_t task, int worker)
         load_q(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
     }
     /* Masks (sdpa.h): flash_task_make bounded the keys by the real
-     * lengths; the rest is applied per tile, only for masked calls. */
+     * lengths, a key mask leaves only the visible keys to pack (keys[p] is
+     * the p-th), a general mask is read per tile. */
     const sdpa_mask *mk = c->mask;
-    for (int64_t j0 = 0; j0 < tk.kv_end; j0 += BK) {
-        const int bk = (int)(tk.kv_end - j0 < BK ? tk.kv_end - j0 : BK);
+    const int64_t nk = flash_task_keys(c, &tk, w->keys);
+    const int64_t *keys = mk && mk->key ? w->keys : NULL;
+    for (int64_t p0 = 0; p0 < nk; p0 += BK) {
+        const int bk = (int)(nk - p0 < BK ? nk - p0 : BK);
+        const int64_t k_first = flash_key(keys, p0), k_last = flash_key(keys, p0 + bk - 1);
 #ifdef TILED_PAIRS
-        load_kv_pairs(c, w, &tk, j0, bk);
+        load_kv_pairs(c, w, &tk, keys, p0, bk);
         const int Dh = (int)(D + 1) / 2, bkh = (bk + 1) / 2; /* pairs */
 #else
         const sdpa_tensor *k = c->k, *v = c->v;
         for (int j = 0; j < bk; j++) {
-            sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk.b, j0 + j, tk.hk, 0)), k->dtype,
+            const int64_t kj = flash_key(keys, p0 + j);
+            sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk.b, kj, tk.hk, 0)), k->dtype,
                            k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
-            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk.b, j0 + j, tk.hk, 0)), v->dtype,
+            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk.b, kj, tk.hk, 0)), v->dtype,
                            v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
         }
 #endif
         for (int q = 0; q < tk.nqb; q++) {
             const qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-            if (tk.causal && j0 > i0 + BQ - 1 + tk.offset)
+            if (tk.causal && k_first > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
 #ifdef TILED_PAIRS
             gemm_rows(bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
@@ -329,13 +333,11 @@ static void task_fn(void *arg, int64_t task, int worker)
 #else
             gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
 #endif
-            if (tk.causal && j0 + bk - 1 > i0 + tk.offset)
-                mask_tile(w->st, bk, j0, i0, tk.offset);
-            if (mk) {
-                const int64_t real = tk.len_q - i0;
-                mask_tile_masks(w->st, bk, j0, i0, real < 0 ? 0 : real > BQ ? BQ : (int)real,
-                                mk->key || mk->general ? mk : NULL, tk.b, tk.h);
-            }
+            if (tk.causal && k_last > i0 + tk.offset)
+                mask_tile(w->st, bk, keys, p0, i0, tk.offset);
+            if (mk && mk->general)
+                mask_tile_general(w->st, bk, keys, p0, i0, flash_block_rows(d, i0, BQ), mk, tk.b,
+                                  tk.h);
             softmax_tile(w->st, bk, qb, D);
 #ifdef TILED_PAIRS
             pack_p_pairs(w->st, bk);
@@ -347,7 +349,7 @@ static void task_fn(void *arg, int64_t task, int worker)
     }
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        store_out(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
+        store_out(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ), tk.len_q);
     }
 }
 
@@ -360,8 +362,11 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     job jb = {c, flash_split_make(d, BQ, threads), NULL};
     const int64_t heads = d->B * d->Hq;
     const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
+    /* under a key mask, room for the visible keys of a task (2 floats each) */
+    const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0;
+    const size_t row_room = ((size_t)D + 64 + 15) / 16 * 16; /* keeps what follows aligned */
     const size_t per = per_qb * (size_t)jb.split.qb_per_task + (size_t)BK * BQ +
-                       (size_t)(2 * BK * D) + (size_t)D + 64;
+                       (size_t)(2 * BK * D) + row_room + key_room;
     float *mem = sdpa__aligned_alloc(64, per * (size_t)threads * sizeof(float));
     jb.ws = sdpa__calloc((size_t)threads, sizeof *jb.ws);
     qblock *qbs = sdpa__calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
@@ -383,7 +388,8 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         w->st = p, p += BK * BQ;
         w->k = p, p += BK * D;
         w->v = p, p += BK * D;
-        w->row = p;
+        w->row = p, p += row_room;
+        w->keys = key_room ? (int64_t *)p : NULL;
     }
     sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, task_fn, &jb);
     free(mem), free(jb.ws), free(qbs);

@@ -29,13 +29,14 @@ static inline int64_t sdpa__mask_at(const sdpa_mask *mk, int64_t b, int64_t h, i
            j * mk->general_stride[3];
 }
 
-/* Scores s[0..n) of query i of (b, h) against keys j0 .. j0 + n - 1. */
+/* Scores s[0..n) of query i of (b, h) against keys kidx[0..n), or
+ * j0 .. j0 + n - 1 when kidx is NULL. */
 static inline void sdpa__mask_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i,
-                                  int64_t j0, float *s, int64_t n)
+                                  const int64_t *kidx, int64_t j0, float *s, int64_t n)
 {
     const uint8_t *key = mk->key ? mk->key + b * mk->key_stride[0] : NULL;
     for (int64_t jj = 0; jj < n; jj++) {
-        const int64_t j = j0 + jj;
+        const int64_t j = kidx ? kidx[jj] : j0 + jj;
         if (key && !key[j * mk->key_stride[1]])
             s[jj] = -INFINITY;
         else if (mk->general)

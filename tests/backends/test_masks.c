@@ -8,13 +8,20 @@
  * combined with both causal alignments and with grouped-query heads,
  * broadcasting through zero strides, boolean and additive (f32 and the
  * inputs' dtype, with -inf entries). Every other present backend must
- * either match the reference on a mask it claims, or refuse it in explain
- * with a reason that names the mask. Bad masks get INVALID_ARGUMENT naming
- * the argument.
+ * either match the reference on a mask it claims (out and LSE, guard bytes
+ * intact), or refuse it in explain with a reason that names the mask. The
+ * padding is poisoned: NaN in the query rows past seq_len_q and in k and v
+ * past seq_len_kv, which sdpa.h says are never read (padding rows are
+ * zeros). Shapes span several query and key blocks of every tiled kernel,
+ * so gathered key blocks (a key mask) and skipped ones are crossed.
+ * cpu.amx's kernel runs here on emulated tiles as in test_grid. Bad masks
+ * get INVALID_ARGUMENT naming the argument.
  */
 #include "support/testlib.h"
 #include "core/core.h"
 #include "core/half.h"
+#include "core/convert.h"
+#include "dispatch/context.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -175,6 +182,29 @@ static void make_masks(const tl_case *c, unsigned kinds, masks *k)
 
 static void free_masks(masks *k) { free(k->key), free(k->gen); }
 
+/* NaN where sdpa.h says a kernel never looks: query rows past seq_len_q,
+ * key and value rows past seq_len_kv. With lengths alone and no causal,
+ * also NaN in one visible v element of each batch entry: every real row
+ * reads it (NaN in that column) and padding rows must still be zeros. */
+static void poison_padding(tl_problem *p, const masks *k, unsigned kinds)
+{
+    const tl_case *c = &p->c;
+    if (kinds == SDPA_MASK_KIND_SEQ_LEN && c->causal == SDPA_CAUSAL_NONE)
+        for (int64_t b = 0; b < c->B; b++)
+            if (k->lkv[b] > 0)
+                sdpa__store_f32(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, 0, 0, 0), NAN);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int t = 0; t < 3; t++) {
+            sdpa_tensor *x = t == 0 ? &p->q : t == 1 ? &p->k : &p->v;
+            const int64_t from = t == 0 ? (k->use_lq ? k->lq[b] : c->Sq)
+                                        : (k->use_lkv ? k->lkv[b] : c->Skv);
+            for (int64_t i = from; i < x->size[1]; i++)
+                for (int64_t h = 0; h < x->size[2]; h++)
+                    for (int64_t e = 0; e < c->D; e++)
+                        sdpa__store_f32(x->data, x->dtype, sdpa__offset(x, b, i, h, e), NAN);
+        }
+}
+
 static int run(const char *backend, const tl_problem *p, const masks *k, tl_output *o)
 {
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
@@ -202,6 +232,7 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
         CHECK(0, "%s: out of memory", what);
         return;
     }
+    poison_padding(&p, &k, kinds);
     CHECK_STATUS(run("ref", &p, &k, &want), SDPA_OK);
     /* ref against the independent reading of the rules */
     const size_t n = (size_t)(c->B * c->Sq * c->Hq * c->D), nl = (size_t)(c->B * c->Hq * c->Sq);
@@ -212,8 +243,9 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
         for (int64_t i = 0; i < c->Sq; i++)
             for (int64_t h = 0; h < c->Hq; h++)
                 for (int64_t e = 0; e < c->D; e++) {
-                    double d = fabs(tl_out_get(&want.t, b, i, h, e) -
-                                    o[((b * c->Sq + i) * c->Hq + h) * c->D + e]);
+                    const double g = tl_out_get(&want.t, b, i, h, e),
+                                 r = o[((b * c->Sq + i) * c->Hq + h) * c->D + e];
+                    double d = isnan(g) && isnan(r) ? 0 : fabs(g - r);
                     worst = d <= worst ? worst : (isnan(d) ? INFINITY : d);
                 }
     for (size_t i = 0; i < nl; i++) {
@@ -249,9 +281,14 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
         CHECK(st == SDPA_OK, "%s %s: claimed but %s: %s", backends[bi], what,
               sdpa_status_string(st), sdpa_last_error());
         if (st == SDPA_OK) {
+            char why[128];
             double diff = tl_max_diff(&got, &want, NULL);
             CHECK(diff <= tl_tolerance(c->dtype, c->out_dtype) + 8e-3, "%s %s: |out - ref| %.3g",
                   backends[bi], what, diff);
+            double ld = tl_max_lse_diff(&got, &want, c->B, c->Hq, c->Sq);
+            CHECK(ld <= 1e-3 * (1 + sqrt((double)c->Skv)) + 8e-3, "%s %s: |lse - ref| %.3g",
+                  backends[bi], what, ld);
+            CHECK(tl_output_check(&got, why, sizeof why), "%s %s: %s", backends[bi], what, why);
         }
         tl_output_free(&got);
     }
@@ -350,6 +387,13 @@ int main(void)
 {
     tl_seed_from_env();
     ctx = tl_context(NULL);
+#ifdef SDPA_TEST_AMX_EMULATED
+    extern const sdpa_backend sdpa__backend_cpu_amx_emulated;
+    if (sdpa__ctx_add_backend(ctx, &sdpa__backend_cpu_amx_emulated) != SDPA_OK) {
+        printf("cannot add cpu.amx-emulated: %s\n", sdpa_last_error());
+        return 1;
+    }
+#endif
     char backends[SDPA_MAX_BACKENDS][32];
     int nb = 0;
     for (int i = 0; i < sdpa_backend_count(ctx); i++) {
@@ -369,6 +413,10 @@ int main(void)
             one_case(&c, kinds[ki], backends, nb);
             c.dtype = SDPA_BF16, c.Sq = 40, c.Skv = 17, c.Hkv = 4, c.layout = TL_BHSD;
             one_case(&c, kinds[ki], backends, nb);
+            /* several query blocks (BQ up to 64) and key blocks (BK 128) */
+            tl_case big = {2, 150, 333, 2, 1, 40, causal == 0 ? SDPA_F32 : causal == 1 ? SDPA_F16 : SDPA_BF16, SDPA_F32,
+                           (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0};
+            one_case(&big, kinds[ki], backends, nb);
         }
     bad_input();
     dispatch();

@@ -80,6 +80,7 @@ typedef struct amx_workspace {
     uint16_t *v;   /* [BK/32][Dp/16] B tiles of 512 bf16 */
     uint16_t *row; /* [Dp] scratch                      */
     float *frow;   /* [Dp] scratch                      */
+    int64_t *keys; /* [Skv] visible keys under a key mask, else NULL */
 } amx_workspace;
 
 typedef struct amx_job {
@@ -109,10 +110,11 @@ static void load_q(const amx_job *jb, const amx_qblock *qb, int64_t b, int64_t h
         qb->m[r] = -INFINITY, qb->l[r] = 0.0f;
 }
 
-/* K rows j0 .. j0+bk into first-product B tiles, V rows into second-product
- * B tiles; keys bk .. bkp (the pad to 32) are zero. */
+/* K rows of keys flash_key(idx, p0 + j), j < bk, into first-product B
+ * tiles, V rows into second-product B tiles; keys bk .. bkp (the pad to
+ * 32) are zero. */
 static void pack_kv(const amx_job *jb, const amx_workspace *w, int64_t b, int64_t hk,
-                    int64_t j0, int bk, int bkp)
+                    const int64_t *idx, int64_t p0, int bk, int bkp)
 {
     const sdpa_call *c = jb->c;
     const int64_t D = c->desc.D, Dp = jb->Dp;
@@ -121,15 +123,14 @@ static void pack_kv(const amx_job *jb, const amx_workspace *w, int64_t b, int64_
     memset(w->v, 0, sizeof(uint16_t) * (size_t)(bkp * Dp));
     for (int j = 0; j < bk; j++) {
         /* K: tile (g = j / 16, chunk), row r = (d % 32) / 2, column j % 16, half d % 2 */
-        sdpa__load_row_bf16(row_ptr(c->k, b, j0 + j, hk), c->k->dtype, c->k->stride[3], D,
-                            w->row);
+        const int64_t kj = flash_key(idx, p0 + j);
+        sdpa__load_row_bf16(row_ptr(c->k, b, kj, hk), c->k->dtype, c->k->stride[3], D, w->row);
         uint16_t *kt = w->k + (int64_t)(j / 16) * kchunks * 512 + (j % 16) * 2;
         for (int64_t d = 0; d < D; d++)
             kt[(d / 32) * 512 + ((d % 32) / 2) * 32 + (d % 2)] = w->row[d];
         /* V: tile (chunk = j / 32, group = d / 16), row r = (j % 32) / 2,
          * column d % 16, half j % 2 */
-        sdpa__load_row_bf16(row_ptr(c->v, b, j0 + j, hk), c->v->dtype, c->v->stride[3], D,
-                            w->row);
+        sdpa__load_row_bf16(row_ptr(c->v, b, kj, hk), c->v->dtype, c->v->stride[3], D, w->row);
         uint16_t *vt = w->v + (int64_t)(j / 32) * vgroups * 512 + ((j % 32) / 2) * 32 + (j % 2);
         for (int64_t d = 0; d < D; d++)
             vt[(d / 16) * 512 + (d % 16) * 2] = w->row[d];
@@ -208,14 +209,47 @@ static inline __m512 exp2_bf16_accurate(__m512 x)
 }
 
 /*
- * Online softmax over the block's scores: masks keys past bk and the causal
- * triangle, updates m and l, writes P as bf16 and rescales O. Key j of the
- * block is masked for query row r when j >= bk or j0 + j > i0 + r + offset
- * (causal only).
+ * The general mask (sdpa.h) on row r's scores s[0..bk), in log2 units of
+ * scaled scores: a hidden key gets -inf, an additive entry is added times
+ * log2(e). kidx lists the block's key numbers (NULL: j0 + j).
+ */
+static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i,
+                             const int64_t *kidx, int64_t j0, float *s, int bk)
+{
+    for (int j = 0; j < bk; j++) {
+        const int64_t at = sdpa__mask_at(mk, b, h, i, kidx ? kidx[j] : j0 + j);
+        if (mk->general_type == SDPA_MASK_BOOL) {
+            if (!((const uint8_t *)mk->general)[at])
+                s[j] = -INFINITY;
+        } else {
+            const float add = sdpa__load_f32(mk->general, mk->general_dtype, at);
+            s[j] = add == -INFINITY ? -INFINITY : s[j] + add * LOG2E;
+        }
+    }
+}
+
+/* Where a block sits, for the masks: batch, head, first query and the key
+ * numbers of its columns (kidx, or j0 + j when NULL). */
+typedef struct amx_block_at {
+    int64_t b, h, i0, j0;
+    const int64_t *kidx;
+    int causal;
+    int64_t offset;
+} amx_block_at;
+
+/*
+ * Online softmax over the block's scores: masks keys past bk, the causal
+ * triangle and the general mask, updates m and l, writes P as bf16 and
+ * rescales O. Key j of the block is masked for query row r when j >= bk or
+ * its key number exceeds i0 + r + offset (causal only).
  */
 static void softmax(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb, int bk,
-                    int bkp, int64_t j0, int64_t i0, int causal, int64_t offset)
+                    int bkp, const amx_block_at *at)
 {
+    const int64_t i0 = at->i0, j0 = at->j0, offset = at->offset;
+    const int causal = at->causal;
+    const sdpa_mask *mk = jb->c->mask && jb->c->mask->general ? jb->c->mask : NULL;
+    int64_t seen = 0; /* with kidx: keys of the block visible to row r (ascending in r) */
     const int64_t Dp = jb->Dp;
     const __m512 sc = _mm512_set1_ps(jb->scale_log2);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
@@ -224,7 +258,11 @@ static void softmax(const amx_job *jb, const amx_workspace *w, const amx_qblock 
         float *s = w->s + r * BK;
         /* keys visible to this row: j < limit */
         int64_t limit = bk;
-        if (causal) {
+        if (causal && at->kidx) {
+            while (seen < bk && at->kidx[seen] <= i0 + r + offset)
+                seen++;
+            limit = seen;
+        } else if (causal) {
             const int64_t last = i0 + r + offset - j0; /* last visible key, block-relative */
             limit = last + 1 < limit ? (last + 1 < 0 ? 0 : last + 1) : limit;
         }
@@ -236,6 +274,12 @@ static void softmax(const amx_job *jb, const amx_workspace *w, const amx_qblock 
             const __m512 t = _mm512_mask_mul_ps(ninf, keep, _mm512_loadu_ps(s + j), sc);
             _mm512_storeu_ps(s + j, t);
             mx = _mm512_max_ps(mx, t);
+        }
+        if (mk && limit > 0) { /* only calls with a general mask */
+            mask_general_row(mk, at->b, at->h, i0 + r, at->kidx, j0, s, (int)limit);
+            mx = ninf;
+            for (int j = 0; j < bkp; j += 16)
+                mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
         }
         const float m_old = qb->m[r];
         float m_new = _mm512_reduce_max_ps(mx);
@@ -265,14 +309,16 @@ static void softmax(const amx_job *jb, const amx_workspace *w, const amx_qblock 
     }
 }
 
+/* Rows at or past len_q are padding (sdpa.h): zeros and LSE -inf, l = 0. */
 static void store_out(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb,
-                      int64_t b, int64_t h, int64_t i0, int rows)
+                      int64_t b, int64_t h, int64_t i0, int rows, int64_t len_q)
 {
     const int64_t Dp = jb->Dp;
     for (int r = 0; r < rows; r++) {
         memcpy(w->frow, qb->o + r * Dp, sizeof(float) * (size_t)jb->c->desc.D);
         /* m is in log2 units of scaled scores; LSE wants natural units */
-        sdpa__store_result(jb->c, b, i0 + r, h, w->frow, qb->m[r] / LOG2E, qb->l[r], 0);
+        sdpa__store_result(jb->c, b, i0 + r, h, w->frow, qb->m[r] / LOG2E,
+                           i0 + r < len_q ? qb->l[r] : 0.0f, 0);
     }
 }
 
@@ -287,24 +333,31 @@ static void amx_task(void *arg, int64_t task, int worker)
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
         load_q(jb, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
     }
-    for (int64_t j0 = 0; j0 < tk.kv_end; j0 += BK) {
-        const int bk = (int)(tk.kv_end - j0 < BK ? tk.kv_end - j0 : BK);
+    /* Masks as in flash_tiled.h: lengths bound the task, a key mask is
+     * gathered (keys[p] is the p-th key read), a general mask is read in
+     * the softmax, padding rows are stored as zeros. */
+    const int64_t nk = flash_task_keys(jb->c, &tk, w->keys);
+    const int64_t *keys = jb->c->mask && jb->c->mask->key ? w->keys : NULL;
+    for (int64_t p0 = 0; p0 < nk; p0 += BK) {
+        const int bk = (int)(nk - p0 < BK ? nk - p0 : BK);
         const int bkp = (bk + 31) / 32 * 32;
-        pack_kv(jb, w, tk.b, tk.hk, j0, bk, bkp);
+        pack_kv(jb, w, tk.b, tk.hk, keys, p0, bk, bkp);
         for (int q = 0; q < tk.nqb; q++) {
             const amx_qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-            if (tk.causal && j0 > i0 + BQ - 1 + tk.offset)
+            if (tk.causal && flash_key(keys, p0) > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
+            const amx_block_at at = {tk.b, tk.h, i0, p0, keys ? keys + p0 : NULL, tk.causal,
+                                     tk.offset};
             scores(jb, w, qb, bkp);
-            softmax(jb, w, qb, bk, bkp, j0, i0, tk.causal, tk.offset);
+            softmax(jb, w, qb, bk, bkp, &at);
             accumulate(jb, w, qb, bkp);
         }
     }
     TILE_RELEASE();
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        store_out(jb, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
+        store_out(jb, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ), tk.len_q);
     }
 }
 
@@ -320,7 +373,8 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
 #define R64(x) (((size_t)(x) + 63) / 64 * 64)
     const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dp * 4) + 2 * R64(BQ * 4);
     const size_t per = per_qb * (size_t)jb.split.qb_per_task + R64(BQ * BK * 4) + R64(BQ * BK * 2) +
-                       2 * R64(BK * Dp * 2) + R64(Dp * 2) + R64(Dp * 4);
+                       2 * R64(BK * Dp * 2) + R64(Dp * 2) + R64(Dp * 4) +
+                       (c->mask && c->mask->key ? R64(d->Skv * 8) : 0);
     char *mem = sdpa__aligned_alloc(64, per * (size_t)threads);
     jb.ws = sdpa__calloc((size_t)threads, sizeof *jb.ws);
     amx_qblock *qbs = sdpa__calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
@@ -344,7 +398,8 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
         w->k = (uint16_t *)p, p += R64(BK * Dp * 2);
         w->v = (uint16_t *)p, p += R64(BK * Dp * 2);
         w->row = (uint16_t *)p, p += R64(Dp * 2);
-        w->frow = (float *)p;
+        w->frow = (float *)p, p += R64(Dp * 4);
+        w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
     }
 #undef R64
     sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, amx_task, &jb);

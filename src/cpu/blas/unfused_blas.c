@@ -177,7 +177,7 @@ static void blas_task(void *arg, int64_t task, int worker)
             vis = last < 0 ? 0 : (last + 1 < kv_end ? last + 1 : kv_end);
         }
         if (mk && (mk->key || mk->general))
-            sdpa__mask_row(mk, b, h, i0 + r, 0, s + r * kv_end, vis);
+            sdpa__mask_row(mk, b, h, i0 + r, NULL, 0, s + r * kv_end, vis);
         l[r] = j->softmax_row(s + r * kv_end, kv_end, vis, &m[r]);
     }
     if (kv_end > 0)

@@ -23,6 +23,7 @@
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../exp_portable.h"
+#include "../flash_tasks.h"
 #include "../mask_row.h"
 
 #include <math.h>
@@ -63,6 +64,7 @@ static void gemm_acc(int M, int N, int K, const float *A, int lda, const float *
 
 typedef struct workspace {
     float *q, *kraw, *kt, *v, *s, *o, *m, *l;
+    int64_t *keys; /* [Skv] visible keys under a key mask, else NULL */
 } workspace;
 
 typedef struct flash_job {
@@ -74,17 +76,19 @@ typedef struct flash_job {
 
 static int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
-/* Loads keys [j0, j0 + bk) of kv head hk: K transposed into kt, V as rows. */
+/* Loads keys flash_key(idx, p0 + j), j < bk, of kv head hk: K transposed
+ * into kt, V as rows. */
 static void load_kv(const sdpa_call *c, const workspace *w, int Dp, int64_t b, int64_t hk,
-                    int64_t j0, int bk)
+                    const int64_t *idx, int64_t p0, int bk)
 {
     const sdpa_tensor *k = c->k, *v = c->v;
     const int64_t D = c->desc.D;
     for (int j = 0; j < bk; j++) {
-        sdpa__load_row(sdpa__elem(k, sdpa__offset(k, b, j0 + j, hk, 0)), k->dtype, k->stride[3],
-                       D, 1.0f, w->kraw + (size_t)j * Dp);
-        sdpa__load_row(sdpa__elem(v, sdpa__offset(v, b, j0 + j, hk, 0)), v->dtype, v->stride[3],
-                       D, 1.0f, w->v + (size_t)j * Dp);
+        const int64_t kj = flash_key(idx, p0 + j);
+        sdpa__load_row(sdpa__elem(k, sdpa__offset(k, b, kj, hk, 0)), k->dtype, k->stride[3], D,
+                       1.0f, w->kraw + (size_t)j * Dp);
+        sdpa__load_row(sdpa__elem(v, sdpa__offset(v, b, kj, hk, 0)), v->dtype, v->stride[3], D,
+                       1.0f, w->v + (size_t)j * Dp);
     }
     for (int dd = 0; dd < D; dd++)
         for (int j = 0; j < bk; j++)
@@ -97,22 +101,31 @@ static void load_kv(const sdpa_call *c, const workspace *w, int Dp, int64_t b, i
  * tile; the rest of its P row is zeroed so P V ignores them.
  */
 /* Where a tile sits in the call, for the masks (sdpa.h): rows at or past
- * rows_real are padding; key and general masks are applied per row. */
+ * rows_real are padding; the tile's keys are kidx[0..bk) under a key mask
+ * (only visible keys are loaded), else j0 ..; a general mask is applied
+ * per row. */
 typedef struct tile_at {
-    const sdpa_mask *mask; /* key or general mask to apply, or NULL */
+    const sdpa_mask *mask; /* a general mask to apply, or NULL */
     int64_t b, h, i0, j0;
+    const int64_t *kidx;
     int rows_real;
 } tile_at;
 
 static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t limit0,
                          int causal, const tile_at *at)
 {
+    int seen = 0; /* with kidx and causal: keys visible to row i (ascending in i) */
     for (int i = 0; i < rows; i++) {
         float *srow = w->s + (size_t)i * BK;
         int64_t lim = causal ? limit0 + i : bk; /* keys of this tile the row may see */
+        if (causal && at->kidx) {
+            while (seen < bk && at->kidx[seen] <= limit0 + i)
+                seen++;
+            lim = seen;
+        }
         int n_cols = i >= at->rows_real ? 0 : lim < 0 ? 0 : (lim < bk ? (int)lim : bk);
         if (at->mask && n_cols > 0)
-            sdpa__mask_row(at->mask, at->b, at->h, at->i0 + i, at->j0, srow, n_cols);
+            sdpa__mask_row(at->mask, at->b, at->h, at->i0 + i, at->kidx, at->j0, srow, n_cols);
         float mx = w->m[i];
         for (int j = 0; j < n_cols; j++)
             mx = srow[j] > mx ? srow[j] : mx;
@@ -143,7 +156,7 @@ static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t l
     }
 }
 
-static void flash_task(void *arg, int64_t task, int worker)
+static void portable_task(void *arg, int64_t task, int worker)
 {
     const flash_job *job = arg;
     const sdpa_call *c = job->c;
@@ -159,7 +172,7 @@ static void flash_task(void *arg, int64_t task, int worker)
     int64_t len_q, len_kv;
     sdpa__seq_lens(c, b, &len_q, &len_kv);
     const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
-    tile_at at = {c->mask && (c->mask->key || c->mask->general) ? c->mask : NULL, b, h, i0, 0,
+    tile_at at = {c->mask && c->mask->general ? c->mask : NULL, b, h, i0, 0, NULL,
                   (int)(len_q - i0 < 0 ? 0 : len_q - i0 < rows ? len_q - i0 : rows)};
 
     /* Keys beyond kv_end are masked for every row of this block. */
@@ -178,15 +191,28 @@ static void flash_task(void *arg, int64_t task, int worker)
     for (int i = 0; i < BQ; i++)
         w->m[i] = -INFINITY, w->l[i] = 0.0f;
 
-    for (int64_t j0 = 0; j0 < kv_end; j0 += BK) {
-        const int bk = (int)(kv_end - j0 < BK ? kv_end - j0 : BK);
-        load_kv(c, w, Dp, b, hk, j0, bk);
+    /* A key mask: only the visible keys are loaded (flash_tasks.h). */
+    int64_t nk = kv_end;
+    const int64_t *keys = NULL;
+    if (c->mask && c->mask->key) {
+        const uint8_t *key = c->mask->key + b * c->mask->key_stride[0];
+        nk = 0, keys = w->keys;
+        for (int64_t j = 0; j < kv_end; j++)
+            if (key[j * c->mask->key_stride[1]])
+                w->keys[nk++] = j;
+    }
+    for (int64_t j0 = 0; j0 < nk; j0 += BK) { /* j0: position in the keys read */
+        const int bk = (int)(nk - j0 < BK ? nk - j0 : BK);
+        load_kv(c, w, Dp, b, hk, keys, j0, bk);
         memset(w->s, 0, sizeof(float) * (size_t)rows_p * BK);
         gemm_acc(rows_p, round_up(bk, NR), (int)d->D, w->q, Dp, w->kt, BK, w->s, BK);
         /* Row i sees keys j <= i0 + i + offset, i.e. the first
-         * (i0 + i + offset + 1 - j0) of this tile; without a mask, all. */
-        const int64_t limit0 = c->causal != SDPA_CAUSAL_NONE ? i0 + offset + 1 - j0 : BK;
-        at.j0 = j0;
+         * (i0 + i + offset + 1 - j0) of this tile; without a mask, all.
+         * Under a key mask softmax_tile counts them in keys[]. */
+        const int64_t limit0 = c->causal == SDPA_CAUSAL_NONE ? BK
+                               : keys                       ? i0 + offset
+                                                            : i0 + offset + 1 - j0;
+        at.j0 = j0, at.kidx = keys ? keys + j0 : NULL;
         softmax_tile(w, Dp, rows, bk, limit0, c->causal != SDPA_CAUSAL_NONE, &at);
         gemm_acc(rows_p, Dp, bk, w->s, BK, w->v, Dp, w->o, Dp);
     }
@@ -201,7 +227,8 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
     const int threads = sdpa__pool_threads(c->pool);
     const int Dp = round_up((int)c->desc.D, NR);
     /* q, kraw, kt, v, o: Dp x 64 each; s: 64 x 64; m, l: 64 each. */
-    const size_t per = (size_t)5 * Dp * 64 + 64 * 64 + 2 * 64;
+    const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)c->desc.Skv : 0;
+    const size_t per = (size_t)5 * Dp * 64 + 64 * 64 + 2 * 64 + key_room;
     flash_job job = {c, Dp, (c->desc.Sq + BQ - 1) / BQ, NULL};
     float *mem = sdpa__calloc(per * (size_t)threads, sizeof(float));
     job.ws = sdpa__calloc((size_t)threads, sizeof *job.ws);
@@ -220,9 +247,10 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
         w->o = p, p += (size_t)Dp * 64;
         w->s = p, p += 64 * 64;
         w->m = p, p += 64;
-        w->l = p;
+        w->l = p, p += 64;
+        w->keys = key_room ? (int64_t *)p : NULL;
     }
-    sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * job.n_qblocks, flash_task, &job);
+    sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * job.n_qblocks, portable_task, &job);
     free(mem);
     free(job.ws);
     return SDPA_OK;
