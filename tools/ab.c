@@ -92,6 +92,7 @@ static sdpa_status arm_run(const arm *a, sdpa_context *runner, problem *p, sdpa_
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.backend = a->chosen;
     prm.causal = causal;
+    prm.mask = p->mask;
     double t0 = tool_now_ms();
     sdpa_status st = sdpa_forward(runner, &p->q, &p->k, &p->v, &p->out, NULL, &prm);
     *ms = tool_now_ms() - t0;
@@ -221,7 +222,7 @@ int cmd_ab(int argc, char **argv)
     for (int r = 0; r < n_rows; r++) {
         sdpa_call_desc *d = &rows[r].d;
         problem p;
-        if (!problem_make(&p, d, dtype, 0)) {
+        if (!problem_make(&p, d, rows[r].seq_len_kv, dtype, 0)) {
             rc = tool_usage_error("row %s: out of memory", rows[r].name);
             goto done;
         }

@@ -212,12 +212,15 @@ int cmd_bench(int argc, char **argv)
     for (int r = 0; r < n_rows && rc == 0; r++) {
         sdpa_call_desc *d = &rows[r].d;
         problem pb;
-        if (!problem_make(&pb, d, dtype, 0)) {
+        if (!problem_make(&pb, d, rows[r].seq_len_kv, dtype, 0)) {
             rc = tool_usage_error("row %s: out of memory for its tensors", rows[r].name);
             break;
         }
         sdpa_tensor tq = pb.q, tk = pb.k, tv = pb.v, to = pb.out;
         const char *chosen = dispatcher_choice(ctx, d);
+        char padded[48] = ""; /* a padded row says so; GFLOP/s count its real keys */
+        if (d->mask)
+            snprintf(padded, sizeof padded, "seq_len_kv=%lld", (long long)rows[r].seq_len_kv);
         char refused[MAX_BENCH_BACKENDS][256];
         sdpa_status status[MAX_BENCH_BACKENDS];
         int claimed[MAX_BENCH_BACKENDS];
@@ -225,6 +228,7 @@ int cmd_bench(int argc, char **argv)
             sdpa_params p = SDPA_PARAMS_DEFAULT;
             p.backend = names[b];
             p.causal = d->causal;
+            p.mask = pb.mask;
             refused[b][0] = '\0';
             /* A backend that does not take the call (dtype, head dim) is
              * left out of the row and named once at the end. */
@@ -250,6 +254,7 @@ int cmd_bench(int argc, char **argv)
                 sdpa_params p = SDPA_PARAMS_DEFAULT;
                 p.backend = names[b];
                 p.causal = d->causal;
+                p.mask = pb.mask;
                 double t0 = tool_now_ms();
                 sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
                 t[b * reps + rep] = tool_now_ms() - t0;
@@ -275,7 +280,7 @@ int cmd_bench(int argc, char **argv)
                 continue;
             failed |= status[b] != SDPA_OK;
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
-            const double gf = refused[b][0] ? 0.0 : suite_flops(d) / (med[b] * 1e6);
+            const double gf = refused[b][0] ? 0.0 : suite_flops(d, rows[r].seq_len_kv) / (med[b] * 1e6);
             const double pct = bceil[b] > 0 ? 100.0 * gf / bceil[b] : 0.0;
             plot_gf[r * nb + b] = gf;
             const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
@@ -291,6 +296,8 @@ int cmd_bench(int argc, char **argv)
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
                        sdpa_dtype_name(dtype), d->causal ? "true" : "false", names[b]);
+                if (rows[r].seq_len_kv > 0 || d->mask)
+                    printf(",\"seq_len_kv\":%lld", (long long)rows[r].seq_len_kv);
                 if (refused[b][0]) {
                     printf(",\"median_ms\":null,\"min_ms\":null,\"max_ms\":null,\"gflops\":null,"
                            "\"error\":\"%s\",\"message\":",
@@ -320,12 +327,12 @@ int cmd_bench(int argc, char **argv)
                 if (vs_blas > 0)
                     snprintf(rb, sizeof rb, "%.2f", vs_blas);
                 printf("%-20s %2lld %6lld %6lld %3lld %3lld %4lld %-6s  %-14s %10.3f %10.3f "
-                       "%10.3f %9.2f %5.1f%% %10s %7s  %s%s\n",
+                       "%10.3f %9.2f %5.1f%% %10s %7s  %s%s%s\n",
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
                        d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf, pct, rp, rb,
                        b == winner ? "winner " : "",
-                       strcmp(names[b], chosen) == 0 ? "chosen" : "");
+                       strcmp(names[b], chosen) == 0 ? "chosen " : "", padded);
             }
         }
         if (!json && strcmp(chosen, "-") != 0) {

@@ -31,13 +31,13 @@ static int shrink(sdpa_call_desc *d, double budget)
 {
     int changed = 0;
     const int64_t g = d->Hq / d->Hkv;
-    if (suite_flops(d) > budget && d->B > 1)
+    if (suite_flops(d, 0) > budget && d->B > 1)
         d->B = 1, changed = 1;
-    while (suite_flops(d) > budget && d->Hkv > 1) {
+    while (suite_flops(d, 0) > budget && d->Hkv > 1) {
         d->Hkv = (d->Hkv + 1) / 2, d->Hq = d->Hkv * g;
         changed = 1;
     }
-    while (suite_flops(d) > budget && d->causal == SDPA_CAUSAL_NONE && d->Sq > 64) {
+    while (suite_flops(d, 0) > budget && d->causal == SDPA_CAUSAL_NONE && d->Sq > 64) {
         d->Sq = (d->Sq + 1) / 2;
         changed = 1;
     }
@@ -82,14 +82,17 @@ int cmd_check(int argc, char **argv)
     for (int r = 0; r < n_rows; r++) {
         sdpa_call_desc d = rows[r].d;
         int shrunk = shrink(&d, (double)budget * 1e9);
-        char shape[64];
-        snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld,%lld,%lld%s%s", (long long)d.B,
+        char shape[96], pad[40] = "";
+        if (d.mask) /* a padded row: the real keys of every batch entry */
+            snprintf(pad, sizeof pad, " len_kv=%lld", (long long)rows[r].seq_len_kv);
+        snprintf(shape, sizeof shape, "%lld,%lld,%lld,%lld,%lld,%lld%s%s%s", (long long)d.B,
                  (long long)d.Sq, (long long)d.Skv, (long long)d.Hq, (long long)d.Hkv,
-                 (long long)d.D, d.causal ? " causal" : "", shrunk ? "*" : "");
+                 (long long)d.D, d.causal ? " causal" : "", pad, shrunk ? "*" : "");
         problem ref, got[MAX_CHECK_BACKENDS];
-        int ok_alloc = problem_make(&ref, &d, dtype, 1);
+        int ok_alloc = problem_make(&ref, &d, rows[r].seq_len_kv, dtype, 1);
         sdpa_params p = SDPA_PARAMS_DEFAULT;
         p.causal = d.causal;
+        p.mask = ref.mask;
         p.backend = "ref";
         if (!ok_alloc) {
             fprintf(stderr, "sdpa: error: row %s: out of memory for its tensors (%s); expected "

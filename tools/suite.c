@@ -45,6 +45,17 @@ static int read_suite(const char *path, row *rows, int *n_rows)
         r->d.B = v[0], r->d.Sq = v[1], r->d.Skv = v[2], r->d.Hq = v[3], r->d.Hkv = v[4];
         r->d.D = v[5];
         r->d.causal = v[6] ? SDPA_CAUSAL_TOP_LEFT : SDPA_CAUSAL_NONE;
+        tok = strtok_r(NULL, "\t \n", &save);
+        long long real;
+        if (tok && strncmp(tok, "seq_len_kv=", 11) == 0) { /* the padding column */
+            if (!tool_parse_int(tok + 11, 0, v[2] < INT32_MAX ? v[2] : INT32_MAX, &real)) {
+                fclose(f);
+                return tool_usage_error("%s:%d: '%s': expected seq_len_kv=N with N in 0..%lld "
+                                        "(Skv)", path, lineno, tok,
+                                        v[2] < INT32_MAX ? v[2] : INT32_MAX);
+            }
+            r->seq_len_kv = real, r->d.mask = SDPA_MASK_KIND_SEQ_LEN;
+        }
         if (r->d.Hq % r->d.Hkv) {
             fclose(f);
             return tool_usage_error("%s:%d: Hq %lld is not a multiple of Hkv %lld", path, lineno,
@@ -183,9 +194,10 @@ int suite_backends(sdpa_context *ctx, const char *list, int with_ref_on_all, con
     return 0;
 }
 
-double suite_flops(const sdpa_call_desc *d)
+double suite_flops(const sdpa_call_desc *d, int64_t seq_len_kv)
 {
-    double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;
+    const double keys = (double)(seq_len_kv > 0 ? seq_len_kv : d->Skv);
+    double f = 4.0 * (double)d->B * (double)d->Hq * (double)d->Sq * keys * (double)d->D;
     return d->causal != SDPA_CAUSAL_NONE && d->Sq == d->Skv ? f / 2 : f;
 }
 
@@ -211,9 +223,20 @@ static void *random_tensor(sdpa_dtype t, size_t n)
     return p;
 }
 
-int problem_make(problem *p, const sdpa_call_desc *d, sdpa_dtype dtype, int with_lse)
+int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_dtype dtype,
+                 int with_lse)
 {
     memset(p, 0, sizeof *p);
+    if (d->mask & SDPA_MASK_KIND_SEQ_LEN) {
+        if (!(p->lens = malloc(sizeof(int32_t) * (size_t)d->B)))
+            return 0;
+        for (int64_t b = 0; b < d->B; b++)
+            p->lens[b] = (int32_t)seq_len_kv;
+        sdpa_mask m0 = SDPA_MASK_DEFAULT;
+        p->mask_store = m0;
+        p->mask_store.seq_len_kv = p->lens;
+        p->mask = &p->mask_store;
+    }
     const size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D);
     const size_t nk = (size_t)(d->B * d->Skv * d->Hkv * d->D);
     void *q = random_tensor(dtype, nq), *k = random_tensor(dtype, nk);
@@ -221,7 +244,7 @@ int problem_make(problem *p, const sdpa_call_desc *d, sdpa_dtype dtype, int with
     float *o = malloc(sizeof(float) * (nq ? nq : 1));
     float *lse = with_lse ? malloc(sizeof(float) * (size_t)(d->B * d->Hq * d->Sq)) : NULL;
     if (!q || !k || !v || !o || (with_lse && !lse)) {
-        free(q), free(k), free(v), free(o), free(lse);
+        free(q), free(k), free(v), free(o), free(lse), free(p->lens);
         return 0;
     }
     p->q = sdpa_tensor_bshd(q, dtype, d->B, d->Sq, d->Hq, d->D);
@@ -235,6 +258,7 @@ int problem_make(problem *p, const sdpa_call_desc *d, sdpa_dtype dtype, int with
 void problem_free(problem *p)
 {
     free(p->q.data), free(p->k.data), free(p->v.data), free(p->out.data), free(p->lse);
+    free(p->lens);
     memset(p, 0, sizeof *p);
 }
 

@@ -14,10 +14,14 @@
 typedef struct row {
     char name[64];
     sdpa_call_desc d;
+    int64_t seq_len_kv; /* padding: real keys of every batch entry (d.mask has
+                         * SDPA_MASK_KIND_SEQ_LEN), or 0 for none */
 } row;
 
 /* Rows from --suite FILE or --shape B,Sq,Skv,Hq,Hkv,D (exactly one given);
- * 0, or an exit code after printing the problem. */
+ * 0, or an exit code after printing the problem. A suite line is
+ * name B Sq Skv Hq Hkv D causal [seq_len_kv=N] description: the optional
+ * column pads every batch entry's keys past N (text padded to Skv). */
 int suite_load(const char *suite, const char *shape, row *rows, int *n_rows);
 
 /*
@@ -53,16 +57,22 @@ void suite_print_unclaimed(int json);
 /* s as a JSON string literal on stdout. */
 void suite_json_string(const char *s);
 
-/* 4 B Hq Sq Skv D, halved for causal with Sq == Skv. */
-double suite_flops(const sdpa_call_desc *d);
+/* 4 B Hq Sq Skv D, halved for causal with Sq == Skv; with seq_len_kv > 0
+ * the keys counted are the real ones (the work a call must do). */
+double suite_flops(const sdpa_call_desc *d, int64_t seq_len_kv);
 
-/* Random inputs in [-1, 1) and an f32 output for one row, BSHD. */
+/* Random inputs in [-1, 1) and an f32 output for one row, BSHD; with
+ * seq_len_kv > 0, the padding mask (mask points at mask_store, else NULL). */
 typedef struct problem {
     sdpa_tensor q, k, v, out;
     float *lse;
+    const sdpa_mask *mask;
+    sdpa_mask mask_store;
+    int32_t *lens;
 } problem;
 
-int problem_make(problem *p, const sdpa_call_desc *d, sdpa_dtype dtype, int with_lse);
+int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_dtype dtype,
+                 int with_lse);
 void problem_free(problem *p);
 
 #endif
