@@ -61,9 +61,12 @@ static cudnnStatus_t tensor(sdpa_cudnn_graph *g, int64_t uid, cudnnDataType_t ty
     return cudnnBackendFinalize(*out);
 }
 
+/* c = a b; with overrides (padding), the GEMM's M, N and K are bounded per
+ * batch entry by int32 [b] tensors (NULL: the full size). */
 static cudnnStatus_t matmul(sdpa_cudnn_graph *g, cudnnBackendDescriptor_t a,
                             cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c,
-                            cudnnBackendDescriptor_t *op)
+                            cudnnBackendDescriptor_t m_over, cudnnBackendDescriptor_t n_over,
+                            cudnnBackendDescriptor_t k_over, cudnnBackendDescriptor_t *op)
 {
     const char **where = NULL;
     cudnnBackendDescriptor_t desc;
@@ -81,6 +84,15 @@ static cudnnStatus_t matmul(sdpa_cudnn_graph *g, cudnnBackendDescriptor_t a,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
     TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_DESC,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &desc));
+    if (m_over)
+        TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m_over));
+    if (n_over)
+        TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n_over));
+    if (k_over)
+        TRY("matmul", cudnnBackendSetAttribute(*op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k_over));
     return cudnnBackendFinalize(*op);
 }
 
@@ -152,10 +164,11 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
     const int64_t sd[4] = {p->b, p->hq, p->sq, p->skv};
     const int64_t ss[4] = {p->hq * p->sq * p->skv, p->sq * p->skv, p->skv, 1};
     const int64_t rd[4] = {p->b, p->hq, p->sq, 1}, rs[4] = {p->hq * p->sq, p->sq, 1, 1};
-    const int64_t one[4] = {1, 1, 1, 1};
+    const int64_t one[4] = {1, 1, 1, 1}, bd[4] = {p->b, 1, 1, 1};
     int64_t uid = 100; /* virtual tensors */
     cudnnBackendDescriptor_t Q, K, V, O, stats, scale, S, S1, Sm, mx, Sd, E, sum, lg, P;
-    cudnnBackendDescriptor_t ops[16];
+    cudnnBackendDescriptor_t lq = NULL, lkv = NULL, fill = NULL;
+    cudnnBackendDescriptor_t ops[32];
     int n = 0;
     TRY("Q", tensor(g, SDPA_UID_Q, p->io_type, qd, p->q_stride, false, false, &Q));
     TRY("K^T", tensor(g, SDPA_UID_K, p->io_type, kd, kts, false, false, &K));
@@ -163,21 +176,62 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
     TRY("O", tensor(g, SDPA_UID_O, p->io_type, qd, p->o_stride, false, false, &O));
     TRY("Stats", tensor(g, SDPA_UID_STATS, F, rd, rs, !p->want_stats, false, &stats));
     TRY("scale", tensor(g, SDPA_UID_SCALE, F, one, one, false, true, &scale));
+    if (p->padding) {
+        TRY("seq_len_q", tensor(g, SDPA_UID_SEQ_LEN_Q, CUDNN_DATA_INT32, bd, one, false, false,
+                                &lq));
+        TRY("seq_len_kv", tensor(g, SDPA_UID_SEQ_LEN_KV, CUDNN_DATA_INT32, bd, one, false, false,
+                                 &lkv));
+    }
+    if (p->padding || p->causal)
+        TRY("fill", tensor(g, SDPA_UID_FILL, F, one, one, false, true, &fill));
     TRY("S", tensor(g, uid++, F, sd, ss, true, false, &S));
-    TRY("bmm1", matmul(g, Q, K, S, &ops[n++]));
+    TRY("bmm1", matmul(g, Q, K, S, lq, lkv, NULL, &ops[n++]));
     TRY("S*scale", tensor(g, uid++, F, sd, ss, true, false, &S1));
     TRY("scale op", pointwise(g, CUDNN_POINTWISE_MUL, F, -1, S, scale, NULL, S1, &ops[n++]));
     Sm = S1;
+    if (p->padding) {
+        /* keep row < seq_len_q[b] and col < seq_len_kv[b], else -inf */
+        cudnnBackendDescriptor_t row, col, in_q, in_kv, keep, Sp;
+        TRY("pad row", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row));
+        TRY("gen pad row", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, Sm, NULL,
+                                     NULL, row, &ops[n++]));
+        TRY("pad col", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &col));
+        TRY("gen pad col", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, Sm, NULL,
+                                     NULL, col, &ops[n++]));
+        TRY("row < len_q", tensor(g, uid++, CUDNN_DATA_BOOLEAN, sd, ss, true, false, &in_q));
+        TRY("cmp len_q", pointwise(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, -1, row, lq,
+                                   NULL, in_q, &ops[n++]));
+        TRY("col < len_kv", tensor(g, uid++, CUDNN_DATA_BOOLEAN, sd, ss, true, false, &in_kv));
+        TRY("cmp len_kv", pointwise(g, CUDNN_POINTWISE_CMP_LT, CUDNN_DATA_BOOLEAN, -1, col, lkv,
+                                    NULL, in_kv, &ops[n++]));
+        TRY("pad keep", tensor(g, uid++, CUDNN_DATA_BOOLEAN, sd, ss, true, false, &keep));
+        TRY("and", pointwise(g, CUDNN_POINTWISE_LOGICAL_AND, CUDNN_DATA_BOOLEAN, -1, in_q, in_kv,
+                             NULL, keep, &ops[n++]));
+        TRY("S padded", tensor(g, uid++, F, sd, ss, true, false, &Sp));
+        TRY("pad select", pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, Sm, fill, keep, Sp,
+                                    &ops[n++]));
+        Sm = Sp;
+    }
     if (p->causal) {
         /* keep (row + offset) >= col, else -inf */
-        cudnnBackendDescriptor_t row, col, mask, fill, Sc;
+        cudnnBackendDescriptor_t row, col, mask, Sc;
         TRY("row index", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row));
-        TRY("gen row", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, S1, NULL,
+        TRY("gen row", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 2, Sm, NULL,
                                  NULL, row, &ops[n++]));
         TRY("col index", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &col));
-        TRY("gen col", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, S1, NULL,
+        TRY("gen col", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, Sm, NULL,
                                  NULL, col, &ops[n++]));
-        if (p->causal == 2 && p->skv != p->sq) {
+        if (p->causal == 2 && p->padding) { /* row + seq_len_kv[b] - seq_len_q[b] */
+            cudnnBackendDescriptor_t row2, row3;
+            TRY("row+len_kv", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row2));
+            TRY("add len_kv", pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, -1, row, lkv,
+                                        NULL, row2, &ops[n++]));
+            TRY("row+len_kv-len_q", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false,
+                                           &row3));
+            TRY("sub len_q", pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, -1, row2, lq,
+                                       NULL, row3, &ops[n++]));
+            row = row3;
+        } else if (p->causal == 2 && p->skv != p->sq) {
             cudnnBackendDescriptor_t off, row2;
             TRY("offset", tensor(g, SDPA_UID_OFFSET, CUDNN_DATA_INT32, one, one, false, true,
                                  &off));
@@ -189,9 +243,8 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
         TRY("mask", tensor(g, uid++, CUDNN_DATA_BOOLEAN, sd, ss, true, false, &mask));
         TRY("cmp", pointwise(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, -1, row, col, NULL,
                              mask, &ops[n++]));
-        TRY("fill", tensor(g, SDPA_UID_FILL, F, one, one, false, true, &fill));
         TRY("S masked", tensor(g, uid++, F, sd, ss, true, false, &Sc));
-        TRY("select", pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, S1, fill, mask, Sc,
+        TRY("select", pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, F, -1, Sm, fill, mask, Sc,
                                 &ops[n++]));
         Sm = Sc;
     }
@@ -208,7 +261,7 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
     TRY("stats op", pointwise(g, CUDNN_POINTWISE_ADD, F, -1, mx, lg, NULL, stats, &ops[n++]));
     TRY("P", tensor(g, uid++, p->io_type, sd, ss, true, false, &P));
     TRY("div", pointwise(g, CUDNN_POINTWISE_DIV, F, -1, E, sum, NULL, P, &ops[n++]));
-    TRY("bmm2", matmul(g, P, V, O, &ops[n++]));
+    TRY("bmm2", matmul(g, P, V, O, lq, NULL, lkv, &ops[n++]));
     TRY("graph", keep(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
     TRY("graph", cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS,
                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, n, ops));

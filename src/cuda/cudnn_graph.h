@@ -17,7 +17,9 @@ enum {
     SDPA_UID_Q = 1, SDPA_UID_K, SDPA_UID_V, SDPA_UID_O, SDPA_UID_STATS,
     SDPA_UID_SCALE,  /* float, by value                               */
     SDPA_UID_OFFSET, /* int32 Skv - Sq, by value (bottom-right causal) */
-    SDPA_UID_FILL    /* float -inf, by value (causal mask fill)        */
+    SDPA_UID_FILL,   /* float -inf, by value (causal and padding fill) */
+    SDPA_UID_SEQ_LEN_Q,  /* int32 [b], device (padding mask)           */
+    SDPA_UID_SEQ_LEN_KV
 };
 
 typedef struct sdpa_cudnn_problem {
@@ -26,18 +28,23 @@ typedef struct sdpa_cudnn_problem {
     cudnnDataType_t io_type;  /* CUDNN_DATA_HALF or CUDNN_DATA_BFLOAT16 */
     int causal;               /* 0 none, 1 top-left, 2 bottom-right */
     int want_stats;           /* LSE as a real output */
+    int padding;              /* cuDNN's padding mask: seq_len_q and seq_len_kv
+                               * [b] tensors; causal then aligns on them */
 } sdpa_cudnn_problem;
 
 typedef struct sdpa_cudnn_graph {
     cudnnBackendDescriptor_t graph;
-    cudnnBackendDescriptor_t objs[64]; /* every descriptor made, for release */
+    cudnnBackendDescriptor_t objs[128]; /* every descriptor made, for release */
     int n_objs;
 } sdpa_cudnn_graph;
 
 /*
- * The composite "flash fprop" graph: bmm1, scale, [causal mask], max, sub,
- * exp, sum, log, add (stats), div, bmm2. Returns CUDNN_STATUS_SUCCESS or
- * the first failing status; *where names the step that failed.
+ * The composite "flash fprop" graph: bmm1, scale, [padding mask], [causal
+ * mask], max, sub, exp, sum, log, add (stats), div, bmm2. With padding the
+ * two products are bounded by the lengths (M/N/K overrides), so rows past
+ * seq_len_q are not written: the caller zeroes them. Returns
+ * CUDNN_STATUS_SUCCESS or the first failing status; *where names the step
+ * that failed.
  */
 cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_graph *g,
                                      const char **where);

@@ -20,9 +20,16 @@
  * failures -> OUT_OF_MEMORY; BAD_PARAM -> INTERNAL (our bug); failures
  * while executing -> DEVICE_ERROR. Nothing is swallowed.
  *
+ * Masks: sequence lengths only, as cuDNN's padding mask (the graph's
+ * seq_len tensors; a missing side is a cached device array of full
+ * lengths), then mask_rows.cu writes the rows that see no key as sdpa.h
+ * says (zeros, LSE -inf): the padded products never write rows past
+ * seq_len_q.
+ *
  * Not yet run on a GPU: scripts/gpu-check.sh is the test.
  */
 #include "cudnn_graph.h"
+#include "device_memory.h"
 #include "plugin.h"
 
 #include <cuda_runtime_api.h>
@@ -32,6 +39,9 @@
 #include <string.h>
 
 extern const sdpa_cuda_host *sdpa_cuda__host;
+#ifdef SDPA_HAVE_CUDA_KERNELS
+cudaError_t sdpa_cuda__zero_unseen_rows(const sdpa_cuda_call *c); /* mask_rows.cu */
+#endif
 
 typedef struct plan_key {
     int device;
@@ -61,6 +71,50 @@ static _Thread_local int handle_device = -1;
 static _Thread_local void *workspace;
 static _Thread_local size_t workspace_size;
 static _Thread_local int workspace_device = -1;
+
+/* Device arrays of one length repeated, for the side of the padding mask
+ * a call leaves out (cuDNN's graph takes both): per thread, one per side,
+ * rebuilt when the device, count or value changes. */
+typedef struct full_lengths {
+    int device;
+    int64_t n;
+    int32_t value;
+    int32_t *ptr;
+} full_lengths;
+static _Thread_local full_lengths full_len[2] = {{-1, 0, 0, NULL}, {-1, 0, 0, NULL}};
+
+static sdpa_status full_lengths_get(int side, int device, int64_t n, int32_t value,
+                                    const int32_t **out)
+{
+    full_lengths *f = &full_len[side];
+    if (f->ptr && f->device == device && f->n == n && f->value == value) {
+        *out = f->ptr;
+        return SDPA_OK;
+    }
+    if (f->ptr)
+        cudaFree(f->ptr);
+    f->ptr = NULL;
+    int32_t host[256];
+    cudaError_t ce = cudaMalloc((void **)&f->ptr, sizeof(int32_t) * (size_t)n);
+    for (int64_t i = 0; ce == cudaSuccess && i < n; i += 256) {
+        const int64_t m = n - i < 256 ? n - i : 256;
+        for (int64_t j = 0; j < m; j++)
+            host[j] = value;
+        ce = cudaMemcpy(f->ptr + i, host, sizeof(int32_t) * (size_t)m, cudaMemcpyHostToDevice);
+    }
+    if (ce != cudaSuccess) {
+        if (f->ptr)
+            cudaFree(f->ptr);
+        f->ptr = NULL;
+        return sdpa_cuda__host->fail(ce == cudaErrorMemoryAllocation ? SDPA_OUT_OF_MEMORY
+                                                                     : SDPA_DEVICE_ERROR,
+                                     "cuda.cudnn: %lld full lengths for the padding mask: %s",
+                                     (long long)n, cudaGetErrorString(ce));
+    }
+    f->device = device, f->n = n, f->value = value;
+    *out = f->ptr;
+    return SDPA_OK;
+}
 
 static sdpa_status fail_cudnn(cudnnStatus_t st, int executing, const char *what)
 {
@@ -232,6 +286,17 @@ static sdpa_status plan_for_call(const sdpa_cuda_call *c, plan_entry **e)
     p->io_type = c->q->dtype == SDPA_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
     p->causal = (int)c->causal;
     p->want_stats = c->lse != NULL;
+    p->padding = c->mask && (c->mask->seq_len_q || c->mask->seq_len_kv);
+    if (p->padding) {
+#ifndef SDPA_HAVE_CUDA_KERNELS
+        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                     "cuda.cudnn: this plugin was built without CUDA C kernels "
+                                     "(no nvcc), and the padding mask needs mask_rows.cu");
+#endif
+        sdpa_status s = sdpa_cuda__check_mask_arrays("cuda.cudnn", c, device);
+        if (s != SDPA_OK)
+            return s;
+    }
     return get_plan(&key, e);
 }
 
@@ -284,8 +349,22 @@ sdpa_status sdpa_cuda__cudnn_run(const sdpa_cuda_call *c)
     cudnnStatus_t st;
     float scale = (float)c->scale, fill = -INFINITY;
     int32_t offset = (int32_t)(d->Skv - d->Sq);
-    int64_t uids[8];
-    void *ptrs[8];
+    const int padding = e->key.p.padding;
+    const int32_t *lens[2] = {NULL, NULL};
+    if (padding) { /* both sides: the caller's arrays, or full lengths */
+        const int32_t *given[2] = {c->mask->seq_len_q, c->mask->seq_len_kv};
+        const int64_t full[2] = {d->Sq, d->Skv};
+        for (int side = 0; side < 2 && s == SDPA_OK; side++)
+            s = given[side] ? (lens[side] = given[side], SDPA_OK)
+                            : full_lengths_get(side, e->key.device, d->B, (int32_t)full[side],
+                                               &lens[side]);
+        if (s != SDPA_OK) {
+            release_plan(e);
+            return s;
+        }
+    }
+    int64_t uids[12];
+    void *ptrs[12];
     int n = 0;
     uids[n] = SDPA_UID_Q, ptrs[n++] = c->q->data;
     uids[n] = SDPA_UID_K, ptrs[n++] = c->k->data;
@@ -294,10 +373,14 @@ sdpa_status sdpa_cuda__cudnn_run(const sdpa_cuda_call *c)
     uids[n] = SDPA_UID_SCALE, ptrs[n++] = &scale;
     if (c->lse)
         uids[n] = SDPA_UID_STATS, ptrs[n++] = c->lse;
-    if (c->causal != SDPA_CAUSAL_NONE)
+    if (c->causal != SDPA_CAUSAL_NONE || padding)
         uids[n] = SDPA_UID_FILL, ptrs[n++] = &fill;
-    if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Skv != d->Sq)
+    if (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Skv != d->Sq && !padding)
         uids[n] = SDPA_UID_OFFSET, ptrs[n++] = &offset;
+    if (padding) {
+        uids[n] = SDPA_UID_SEQ_LEN_Q, ptrs[n++] = (void *)lens[0];
+        uids[n] = SDPA_UID_SEQ_LEN_KV, ptrs[n++] = (void *)lens[1];
+    }
     cudnnBackendDescriptor_t pack;
     if ((st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack)) !=
         CUDNN_STATUS_SUCCESS) {
@@ -318,5 +401,15 @@ sdpa_status sdpa_cuda__cudnn_run(const sdpa_cuda_call *c)
         st = cudnnBackendExecute(handle, e->plan, pack);
     cudnnBackendDestroyDescriptor(pack);
     release_plan(e);
-    return st == CUDNN_STATUS_SUCCESS ? SDPA_OK : fail_cudnn(st, 1, "execute");
+    if (st != CUDNN_STATUS_SUCCESS)
+        return fail_cudnn(st, 1, "execute");
+#ifdef SDPA_HAVE_CUDA_KERNELS
+    if (padding) { /* rows past seq_len_q and rows that see no key */
+        cudaError_t ce = sdpa_cuda__zero_unseen_rows(c);
+        if (ce != cudaSuccess)
+            return sdpa_cuda__host->fail(SDPA_DEVICE_ERROR, "cuda.cudnn: zeroing unseen rows: %s",
+                                         cudaGetErrorString(ce));
+    }
+#endif
+    return SDPA_OK;
 }

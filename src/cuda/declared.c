@@ -29,7 +29,8 @@ static sdpa_status cuda_absent_run(const sdpa_backend *self, const sdpa_call *ca
 
 /* cuDNN's support surface beyond the table: the known-bad releases, and
  * rows that see no key (bottom-right causal with Sq > Skv), which its
- * graph cannot express without a padding mask. */
+ * graph cannot express without a padding mask (with sequence lengths,
+ * mask_rows.cu writes such rows after the graph). */
 static int cudnn_check(const sdpa_backend *self, const sdpa_call_desc *d, const sdpa_platform *p,
                        char *why, size_t n)
 {
@@ -40,10 +41,17 @@ static int cudnn_check(const sdpa_backend *self, const sdpa_call_desc *d, const 
                   p->cudnn_version % 100);
         return 0;
     }
-    if (d->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Sq > d->Skv) {
+    if ((d->mask & SDPA_MASK_KIND_SEQ_LEN) && p->cudnn_version < 80903) {
+        sdpa__fmt(why, n, "cuDNN %d.%d.%d has no padding mask (sequence lengths need 8.9.3)",
+                  p->cudnn_version / 10000, p->cudnn_version / 100 % 100,
+                  p->cudnn_version % 100);
+        return 0;
+    }
+    if (d->causal == SDPA_CAUSAL_BOTTOM_RIGHT && d->Sq > d->Skv &&
+        !(d->mask & SDPA_MASK_KIND_SEQ_LEN)) {
         sdpa__strlcpy(why,
-                      "bottom-right causal with Sq > Skv (rows that see no key) needs a padding "
-                      "mask cuDNN's graph is not given",
+                      "bottom-right causal with Sq > Skv (rows that see no key) needs sequence "
+                      "lengths, which cuDNN's graph takes as its padding mask",
                       n);
         return 0;
     }
@@ -58,8 +66,9 @@ const sdpa_backend sdpa__backend_cuda_cudnn = {
     .summary = "cuDNN fused attention through the backend graph API",
     .device = SDPA_DEVICE_CUDA,
     .caps = {.dtypes = HALF_TYPES, .d_min = 8, .d_max = 256, .d_multiple = 8, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
-             .deterministic = 1, .min_cc = 80, .min_cudnn = 80900},
+             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1,
+             .masks = SDPA_MASK_KIND_SEQ_LEN, .lse = 1, .deterministic = 1, .min_cc = 80,
+             .min_cudnn = 80900},
     .version = "absent",
     .present = cuda_absent,
     .check = cudnn_check,
@@ -71,7 +80,8 @@ const sdpa_backend sdpa__backend_cuda_flash = {
     .summary = "libsdpa's FlashAttention-2-style CUDA C kernel (mma.sync, D <= 128)",
     .device = SDPA_DEVICE_CUDA,
     .caps = {.dtypes = HALF_TYPES, .d_min = 8, .d_max = 128, .d_multiple = 8, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, .lse = 1,
              .deterministic = 1, .min_cc = 80},
     .version = "absent",
     .present = cuda_absent,
@@ -82,7 +92,8 @@ const sdpa_backend sdpa__backend_cuda_unfused = {
     .summary = "cuBLAS batched GEMMs and a softmax kernel; any head dim, fp32 too",
     .device = SDPA_DEVICE_CUDA,
     .caps = {.dtypes = ALL_TYPES, .d_min = 1, .d_max = 1 << 16, .d_multiple = 1, .gqa = 1,
-             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
+             .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, .lse = 1,
              .deterministic = 1, .min_cc = 70},
     .fallback_rank = 1,
     .version = "absent",

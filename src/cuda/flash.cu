@@ -50,27 +50,8 @@ extern const sdpa_cuda_host *sdpa_cuda__host;
 sdpa_status sdpa_cuda__flash_run(const sdpa_cuda_call *c);
 }
 
+#include "device_memory.h"
 #include "flash_kernel.cuh"
-
-/* Device memory on the current device, or the reason it is not. */
-static sdpa_status check_device_pointer(const void *p, const char *name, int device)
-{
-    cudaPointerAttributes at;
-    cudaError_t e = cudaPointerGetAttributes(&at, p);
-    if (e != cudaSuccess) {
-        cudaGetLastError(); /* clear it: not a sticky error */
-        return sdpa_cuda__host->fail(SDPA_INVALID_ARGUMENT, "cuda.flash: %s: %s", name,
-                                     cudaGetErrorString(e));
-    }
-    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
-        return sdpa_cuda__host->fail(SDPA_INVALID_ARGUMENT,
-                                     "cuda.flash: %s is not device memory (a host pointer?)", name);
-    if (at.device != device)
-        return sdpa_cuda__host->fail(SDPA_INVALID_ARGUMENT,
-                                     "cuda.flash: %s is on device %d, the call is on device %d",
-                                     name, at.device, device);
-    return SDPA_OK;
-}
 
 template <int BF16, int HD, int PIPE>
 static cudaError_t launch(const flash_args *a, int64_t B, cudaStream_t stream)
@@ -113,15 +94,18 @@ sdpa_status sdpa_cuda__flash_run(const sdpa_cuda_call *c)
     const sdpa_tensor *t[4] = {c->q, c->k, c->v, c->out};
     static const char *names[4] = {"q", "k", "v", "out"};
     for (int i = 0; i < 4; i++) {
-        sdpa_status s = check_device_pointer(t[i]->data, names[i], device);
+        sdpa_status s = sdpa_cuda__check_device("cuda.flash", names[i], t[i]->data, device);
         if (s != SDPA_OK)
             return s;
     }
     if (c->lse) {
-        sdpa_status s = check_device_pointer(c->lse, "lse", device);
+        sdpa_status s = sdpa_cuda__check_device("cuda.flash", "lse", c->lse, device);
         if (s != SDPA_OK)
             return s;
     }
+    sdpa_status ms = sdpa_cuda__check_mask_arrays("cuda.flash", c, device);
+    if (ms != SDPA_OK) /* the mask arrays live with the tensors (sdpa.h) */
+        return ms;
     flash_args a;
     flash_args_make(c, &a);
     /* The kernel variant (flash_kernel.cuh): 0, plain loads; 1, cp.async

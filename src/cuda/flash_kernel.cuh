@@ -30,10 +30,14 @@ typedef struct flash_args {
     int64_t qs[4], ks[4], vs[4], os[4]; /* element strides of b, s, h, d */
     int64_t Sq, Skv, Hq, Hkv, D;
     int out_dtype;
-    int causal;
-    int64_t offset; /* causal: key j is visible to query i when j <= i + offset */
-    int vec;        /* 1: 16-byte loads are safe for q, k, v */
+    int causal;       /* 0 none, 1 top-left, 2 bottom-right */
+    int vec;          /* 1: 16-byte loads are safe for q, k, v */
     float scale_log2;
+    /* Masks (sdpa.h), device memory, each optional: real lengths per batch
+     * entry, and a key mask [B, Skv] (byte strides key_s0, key_s1). */
+    const int32_t *len_q, *len_kv;
+    const uint8_t *key;
+    int64_t key_s0, key_s1;
 } flash_args;
 
 /* c += a b for one 16 x 8 x 16 step; a: 4 registers, b: 2. */
@@ -188,6 +192,12 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
     const uint16_t *k = a.k + b * a.ks[0] + hk * a.ks[2];
     const uint16_t *v = a.v + b * a.vs[0] + hk * a.vs[2];
 
+    /* Sequence lengths: rows at or past len_q are padding (stored as
+     * zeros), keys at or past len_kv are never loaded (zero-filled, so
+     * 0 * garbage never reaches O), causal aligns on the real lengths. */
+    const int64_t len_q = a.len_q ? a.len_q[b] : a.Sq, len_kv = a.len_kv ? a.len_kv[b] : a.Skv;
+    const int64_t offset = a.causal == 2 ? len_kv - len_q : 0; /* key j visible if j <= i + offset */
+    const uint8_t *key = a.key ? a.key + b * a.key_s0 : 0;
     load_tile<HD>(q, a.qs[1], a.qs[3], m0, a.Sq, a.D, a.vec, Qs, LDQ, BM, 0);
     __syncthreads();
     const int r0 = warp * 16 + g; /* this lane's rows: r0 and r0 + 8 of the block */
@@ -205,16 +215,18 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const int64_t row[2] = {m0 + r0, m0 + r0 + 8};
 
-    int64_t kv_end = a.Skv; /* keys at or past kv_end are masked for the whole block */
-    if (a.causal) {
-        const int64_t last = m0 + BM - 1 + a.offset;
-        kv_end = last < 0 ? 0 : (last + 1 < a.Skv ? last + 1 : a.Skv);
+    /* keys at or past kv_end are masked for the whole block; a block of
+     * padding rows reads none */
+    int64_t kv_end = m0 < len_q ? len_kv : 0;
+    if (a.causal && kv_end > 0) {
+        const int64_t last = (m0 + BM < len_q ? m0 + BM : len_q) - 1 + offset;
+        kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
     }
     /* PIPE: K of buffer n at Ks + n BN LDQ, V at Ks + (2 + n) BN LDQ (pointer
      * arithmetic, not an array: a run-time index would put it in local memory) */
     if (PIPE && kv_end > 0) { /* prologue: block 0 into buffer 0 */
-        issue_tile<HD>(k, a.ks[1], a.ks[3], 0, a.Skv, a.D, a.vec, Ks, LDQ);
-        issue_tile<HD>(v, a.vs[1], a.vs[3], 0, a.Skv, a.D, a.vec, Ks + 2 * BN * LDQ, LDQ);
+        issue_tile<HD>(k, a.ks[1], a.ks[3], 0, len_kv, a.D, a.vec, Ks, LDQ);
+        issue_tile<HD>(v, a.vs[1], a.vs[3], 0, len_kv, a.D, a.vec, Ks + 2 * BN * LDQ, LDQ);
         cp_async_commit();
     }
     for (int64_t j0 = 0, it = 0; j0 < kv_end; j0 += BN, it++) {
@@ -222,9 +234,9 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
         if (PIPE) {
             if (j0 + BN < kv_end) { /* block it + 1 into the other buffer, then wait for it */
                 const int nb = (int)((it + 1) % 2);
-                issue_tile<HD>(k, a.ks[1], a.ks[3], j0 + BN, a.Skv, a.D, a.vec,
+                issue_tile<HD>(k, a.ks[1], a.ks[3], j0 + BN, len_kv, a.D, a.vec,
                                Ks + nb * BN * LDQ, LDQ);
-                issue_tile<HD>(v, a.vs[1], a.vs[3], j0 + BN, a.Skv, a.D, a.vec,
+                issue_tile<HD>(v, a.vs[1], a.vs[3], j0 + BN, len_kv, a.D, a.vec,
                                Ks + (2 + nb) * BN * LDQ, LDQ);
                 cp_async_commit();
                 cp_async_wait<1>();
@@ -235,8 +247,8 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
             kt = Ks + (it % 2) * BN * LDQ, vt = Ks + (2 + it % 2) * BN * LDQ;
         } else {
             __syncthreads(); /* the previous step's reads of Ks and Vt are done */
-            load_tile<HD>(k, a.ks[1], a.ks[3], j0, a.Skv, a.D, a.vec, Ks, LDQ, BN, 0);
-            load_tile<HD>(v, a.vs[1], a.vs[3], j0, a.Skv, a.D, a.vec, Vt, LDV, BN, 1);
+            load_tile<HD>(k, a.ks[1], a.ks[3], j0, len_kv, a.D, a.vec, Ks, LDQ, BN, 0);
+            load_tile<HD>(v, a.vs[1], a.vs[3], j0, len_kv, a.D, a.vec, Vt, LDV, BN, 1);
             __syncthreads();
         }
 
@@ -272,7 +284,8 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
                 for (int c = 0; c < 2; c++) {
                     const int64_t j = j0 + nt * 8 + 2 * t + c;
                     float x = s[nt][2 * hr + c] * a.scale_log2;
-                    if (j >= a.Skv || (a.causal && j > row[hr] + a.offset))
+                    if (j >= len_kv || (a.causal && j > row[hr] + offset) ||
+                        (key && !key[j * a.key_s1]))
                         x = -INFINITY;
                     s[nt][2 * hr + c] = x;
                     mx = fmaxf(mx, x);
@@ -332,6 +345,8 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
         const int64_t i = row[hr];
         if (i >= a.Sq)
             continue;
+        if (i >= len_q)
+            sum = 0.0f; /* padding: zeros and LSE -inf */
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f; /* no key seen: zeros */
         const int64_t base = b * a.os[0] + i * a.os[1] + h * a.os[2];
 #pragma unroll
@@ -339,11 +354,13 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const int64_t d = dt * 8 + 2 * t + c;
-                if (d < a.D)
-                    store_elem(a.o, a.out_dtype, base + d * a.os[3], o[dt][2 * hr + c] * inv);
+                if (d < a.D) /* zeros, not 0 * o, where no key was seen; NaN sums stay NaN */
+                    store_elem(a.o, a.out_dtype, base + d * a.os[3],
+                               sum > 0.0f ? o[dt][2 * hr + c] * inv : sum == 0.0f ? 0.0f : sum);
             }
         if (a.lse && t == 0)
-            a.lse[(b * a.Hq + h) * a.Sq + i] = sum > 0.0f ? m[hr] * LN2 + logf(sum) : -INFINITY;
+            a.lse[(b * a.Hq + h) * a.Sq + i] =
+                sum > 0.0f ? m[hr] * LN2 + logf(sum) : sum == 0.0f ? -INFINITY : sum;
     }
 }
 
@@ -367,9 +384,13 @@ static void flash_args_make(const sdpa_cuda_call *c, flash_args *a)
     a->v = (const uint16_t *)c->v->data, a->o = c->out->data, a->lse = c->lse;
     a->Sq = d->Sq, a->Skv = d->Skv, a->Hq = d->Hq, a->Hkv = d->Hkv, a->D = d->D;
     a->out_dtype = (int)c->out->dtype;
-    a->causal = c->causal != SDPA_CAUSAL_NONE;
-    a->offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? d->Skv - d->Sq : 0;
+    a->causal = (int)c->causal;
     a->scale_log2 = (float)(c->scale * 1.4426950408889634);
+    if (c->mask) { /* only the kinds cuda.flash declares: lengths and a key mask */
+        a->len_q = c->mask->seq_len_q, a->len_kv = c->mask->seq_len_kv;
+        a->key = c->mask->key;
+        a->key_s0 = c->mask->key_stride[0], a->key_s1 = c->mask->key_stride[1];
+    }
 }
 
 /* Dynamic shared memory of one block. */

@@ -16,7 +16,7 @@
 
 #include "sdpa.h"
 
-#define SDPA_CUDA_PLUGIN_ABI 4
+#define SDPA_CUDA_PLUGIN_ABI 5
 #define SDPA_CUDA_PLUGIN_ENTRY "sdpa_cuda_plugin_entry"
 
 /* What the core lends the plugin (its own symbols are not exported):
@@ -35,7 +35,9 @@ typedef struct sdpa_cuda_call {
     sdpa_causal causal;
     int deterministic;
     void *stream;        /* cudaStream_t                       */
-    sdpa_call_desc desc; /* the sizes in one place             */
+    sdpa_call_desc desc; /* the sizes in one place; desc.mask the kinds */
+    const sdpa_mask *mask; /* sdpa.h's masks, arrays in device memory, or
+                            * NULL; only kinds the backend declares */
 } sdpa_cuda_call;
 
 /*

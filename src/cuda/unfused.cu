@@ -1,8 +1,11 @@
 /*
  * unfused.cu - cuda.unfused: attention as the textbook says, for any head
  * dim and fp32 too: S = scale * Q K^T (cuBLAS, fp32 accumulation), a
- * row softmax kernel (mask, max, exp, sum; LSE), O = P V (cuBLAS), and a
- * store kernel into the caller's dtype and strides. It is the last-resort
+ * row softmax kernel (masks, max, exp, sum; LSE: unfused_softmax.cuh),
+ * O = P V (cuBLAS), and a store kernel into the caller's dtype and
+ * strides. Masks: sequence lengths and a key mask, read on the device by
+ * the softmax (padding keys of V widened as zeros, so 0 * NaN never
+ * reaches O); rows that see no key are then written by mask_rows.cu. It is the last-resort
  * GPU path and the GPU-side reference for shapes too large for ref.
  *
  * Costs, stated: S and P are materialised in fp32 for a block of query
@@ -33,7 +36,11 @@ extern const sdpa_cuda_host *sdpa_cuda__host;
 sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c);
 }
 
+#include "device_memory.h"
 #include "store_elem.cuh"
+#include "unfused_softmax.cuh"
+
+extern "C" cudaError_t sdpa_cuda__zero_unseen_rows(const sdpa_cuda_call *c); /* mask_rows.cu */
 
 static __device__ float load_elem(const void *p, int dtype, int64_t i)
 {
@@ -46,64 +53,17 @@ static __device__ float load_elem(const void *p, int dtype, int64_t i)
 }
 
 
-/* dst[j][d] = src(b, j, hk, d) widened to fp32, contiguous [Skv][D]. */
+/* dst[j][d] = src(b, j, hk, d) widened to fp32, contiguous [Skv][D]; rows
+ * at or past *len (batch entry b's seq_len_kv, when given) are zeros. */
 static __global__ void widen_rows(const void *src, int dtype, int64_t base, int64_t s_stride,
-                                  int64_t d_stride, int64_t rows, int64_t D, float *dst)
+                                  int64_t d_stride, int64_t rows, int64_t D, const int32_t *len,
+                                  float *dst)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * D)
         return;
     const int64_t j = i / D, d = i % D;
-    dst[i] = load_elem(src, dtype, base + j * s_stride + d * d_stride);
-}
-
-/*
- * One block per query row of S [rows][Skv]: mask (keys j > i + offset),
- * softmax in place, LSE = max + log(sum). Rows that see no key: P = 0 and
- * LSE = -inf, as on every libsdpa backend.
- */
-static __global__ void softmax_rows(float *S, int64_t Skv, int64_t row0, int causal,
-                                    int64_t offset, float *lse_row)
-{
-    extern __shared__ float red[];
-    const int64_t r = blockIdx.x, i = row0 + r;
-    float *s = S + r * Skv;
-    int64_t n = Skv;
-    if (causal) {
-        const int64_t last = i + offset;
-        n = last < 0 ? 0 : (last + 1 < Skv ? last + 1 : Skv);
-    }
-    float mx = -INFINITY;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-        mx = fmaxf(mx, s[j]);
-    red[threadIdx.x] = mx;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w)
-            red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
-        __syncthreads();
-    }
-    mx = red[0];
-    __syncthreads();
-    float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < Skv; j += blockDim.x) {
-        const float e = j < n ? expf(s[j] - mx) : 0.0f;
-        s[j] = e;
-        sum += e;
-    }
-    red[threadIdx.x] = sum;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w)
-            red[threadIdx.x] += red[threadIdx.x + w];
-        __syncthreads();
-    }
-    sum = red[0];
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int64_t j = threadIdx.x; j < Skv; j += blockDim.x)
-        s[j] *= inv;
-    if (threadIdx.x == 0 && lse_row)
-        lse_row[r] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+    dst[i] = len && j >= *len ? 0.0f : load_elem(src, dtype, base + j * s_stride + d * d_stride);
 }
 
 /* out(b, i, h, d) = O[r][d] in out's dtype and strides. */
@@ -190,6 +150,9 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return cuda_fail(e, "cudaSetDevice");
+    sdpa_status ms = sdpa_cuda__check_mask_arrays("cuda.unfused", c, device);
+    if (ms != SDPA_OK) /* the mask arrays live with the tensors (sdpa.h) */
+        return ms;
     pthread_once(&cb_once, cb_load);
     if (!cb.create)
         return sdpa_cuda__host->fail(SDPA_NOT_AVAILABLE, "%s", cb_error);
@@ -214,7 +177,7 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
         cudaFreeAsync(S, stream), cudaFreeAsync(Vf, stream), cudaFreeAsync(O, stream);
         return cuda_fail(e, "temporary buffers");
     }
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? Skv - Sq : 0;
+    const sdpa_mask *mk = c->mask;
     const float alpha = (float)c->scale, one = 1.0f, zero = 0.0f;
     const size_t es = q->dtype == SDPA_F32 ? 4 : 2;
     sdpa_status result = SDPA_OK;
@@ -222,7 +185,8 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
         for (int64_t hk = 0; hk < d->Hkv && result == SDPA_OK; hk++) {
             const int64_t vbase = b * v->stride[0] + hk * v->stride[2];
             widen_rows<<<(unsigned)((Skv * D + 255) / 256), 256, 0, stream>>>(
-                v->data, v->dtype, vbase, v->stride[1], v->stride[3], Skv, D, Vf);
+                v->data, v->dtype, vbase, v->stride[1], v->stride[3], Skv, D,
+                mk && mk->seq_len_kv ? mk->seq_len_kv + b : NULL, Vf);
             const char *kp = (const char *)k->data + (b * k->stride[0] + hk * k->stride[2]) * es;
             for (int64_t h = hk * g; h < (hk + 1) * g && result == SDPA_OK; h++)
                 for (int64_t i0 = 0; i0 < Sq && result == SDPA_OK; i0 += rows) {
@@ -238,9 +202,12 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
                         result = blas_fail(bs, "Q.K^T");
                         break;
                     }
-                    float *lse = c->lse ? c->lse + (b * d->Hq + h) * Sq + i0 : NULL;
-                    softmax_rows<<<(unsigned)n, 256, 256 * sizeof(float), stream>>>(
-                        S, Skv, i0, c->causal != SDPA_CAUSAL_NONE, offset, lse);
+                    softmax_args sa = {S, c->lse ? c->lse + (b * d->Hq + h) * Sq + i0 : NULL,
+                                       Sq, Skv, i0, b, (int)c->causal,
+                                       mk ? mk->seq_len_q : NULL, mk ? mk->seq_len_kv : NULL,
+                                       mk ? mk->key : NULL, mk ? mk->key_stride[0] : 0,
+                                       mk ? mk->key_stride[1] : 0};
+                    softmax_rows<<<(unsigned)n, SOFTMAX_THREADS, 0, stream>>>(sa);
                     /* O^T [D x n] = V^T [D x Skv] . P^T [Skv x n] */
                     bs = cb.gemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, (int)n, (int)Skv,
                                       &one, Vf, CUDA_R_32F, (int)D, S, CUDA_R_32F, (int)Skv, &zero,
@@ -256,6 +223,9 @@ sdpa_status sdpa_cuda__unfused_run(const sdpa_cuda_call *c)
                         out->stride[1], out->stride[3]);
                 }
         }
+    if (result == SDPA_OK && mk && (mk->seq_len_q || mk->seq_len_kv) &&
+        (e = sdpa_cuda__zero_unseen_rows(c)) != cudaSuccess) /* padding rows: zeros, -inf */
+        result = cuda_fail(e, "zeroing unseen rows");
     if (result == SDPA_OK && (e = cudaGetLastError()) != cudaSuccess)
         result = cuda_fail(e, "kernel launch");
     cudaFreeAsync(S, stream), cudaFreeAsync(Vf, stream), cudaFreeAsync(O, stream);

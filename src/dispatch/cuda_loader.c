@@ -24,8 +24,9 @@ static int n_merged;
  * the plugin ABI's view of the call. */
 static sdpa_cuda_call plugin_call(const sdpa_call *c)
 {
-    sdpa_cuda_call pc = {c->q,      c->k,           c->v,      c->out, c->lse,
-                         c->scale,  c->causal,      c->deterministic, c->stream, c->desc};
+    sdpa_cuda_call pc = {c->q,     c->k,      c->v,     c->out,           c->lse,
+                         c->scale, c->causal, c->deterministic, c->stream, c->desc,
+                         c->mask};
     return pc;
 }
 

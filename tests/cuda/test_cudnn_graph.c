@@ -44,6 +44,7 @@ static const char *device_json(int sm)
 typedef struct row {
     char name[64];
     long long B, Sq, Skv, Hq, Hkv, D, causal;
+    int padded; /* the row has a seq_len_kv=N column: cuDNN's padding mask */
 } row;
 
 static int read_rows(const char *path, row *rows, int max)
@@ -57,9 +58,12 @@ static int read_rows(const char *path, row *rows, int max)
         if (line[0] == '#' || line[0] == '\n')
             continue;
         row *r = &rows[n];
+        memset(r, 0, sizeof *r);
         if (sscanf(line, "%63s %lld %lld %lld %lld %lld %lld %lld", r->name, &r->B, &r->Sq,
-                   &r->Skv, &r->Hq, &r->Hkv, &r->D, &r->causal) == 8)
+                   &r->Skv, &r->Hq, &r->Hkv, &r->D, &r->causal) == 8) {
+            r->padded = strstr(line, "seq_len_kv=") != NULL;
             n++;
+        }
     }
     fclose(f);
     return n;
@@ -76,6 +80,7 @@ static sdpa_cudnn_problem problem(const row *r)
     sdpa_cudnn_bshd_strides(p.sq, p.hq, p.d, p.o_stride);
     p.io_type = CUDNN_DATA_BFLOAT16;
     p.causal = (int)r->causal;
+    p.padding = r->padded;
     return p;
 }
 
@@ -201,23 +206,37 @@ int main(int argc, char **argv)
                 cudnnBackendDescriptor_t dummy;
                 int c = configs_for(&p, sms[k], plan ? &dummy : NULL);
                 planned += plan;
-                printf("%-20s %-18s sm_%d: %d engine config(s)\n", rows[i].name, suites[s],
-                       sms[k], c);
+                printf("%-20s %-18s sm_%d: %d engine config(s)%s\n", rows[i].name, suites[s],
+                       sms[k], c, p.padding ? " (padding mask)" : "");
                 CHECK(c > 0, "%s (%s) on sm_%d: no engine configuration for our graph", rows[i].name,
                       suites[s], sms[k]);
             }
     }
     /* Negative controls: the check above must be able to fail. */
-    row bad = {"d100", 1, 256, 256, 4, 4, 100, 0};
+    row bad = {"d100", 1, 256, 256, 4, 4, 100, 0, 0};
     sdpa_cudnn_problem p = problem(&bad);
     CHECK(configs_for(&p, 90, NULL) == 0, "head dim 100 should have no engine");
-    row old = {"sm75", 1, 256, 256, 4, 4, 64, 0};
+    row old = {"sm75", 1, 256, 256, 4, 4, 64, 0, 0};
     p = problem(&old);
     CHECK(configs_for(&p, 75, NULL) == 0, "sm_75 should have no engine");
     /* Causal bottom-right and the LSE as a real output build too. */
-    row cross = {"cross-causal", 1, 256, 512, 8, 2, 128, 2};
+    row cross = {"cross-causal", 1, 256, 512, 8, 2, 128, 2, 0};
     p = problem(&cross);
     p.want_stats = 1;
     CHECK(configs_for(&p, 100, NULL) > 0, "bottom-right causal GQA with stats on sm_100");
+    /* The padding mask (sequence lengths) with each causal alignment, with
+     * and without stats, on both devices; and one plan compiled. */
+    for (int causal = 0; causal <= 2; causal++)
+        for (int k = 0; k < 2; k++) {
+            row pad = {"padded", 2, 300, 512, 8, 2, 64, causal, 1};
+            p = problem(&pad);
+            p.want_stats = k;
+            cudnnBackendDescriptor_t dummy;
+            const int c = configs_for(&p, sms[k], causal == 2 && k == 1 ? &dummy : NULL);
+            printf("padding mask, causal %d, stats %d, sm_%d: %d engine config(s)\n", causal, k,
+                   sms[k], c);
+            CHECK(c > 0, "padding mask with causal %d (stats %d) on sm_%d: no engine", causal,
+                  k, sms[k]);
+        }
     return tl_finish();
 }

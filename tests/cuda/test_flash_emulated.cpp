@@ -9,7 +9,10 @@
  * MQA; cross-attention with 77 and 513 keys; causal in both alignments,
  * including rows that see no key; BSHD, BHSD and a strided view with gaps
  * (which takes the scalar load path); f32, f16 and bf16 outputs; LSE;
- * guard bytes. A GPU run (test_cuda_grid) is still the final word; this
+ * guard bytes; the masks cuda.flash declares (sequence lengths, with a
+ * zero length and NaN in the padding it must never read, and a key
+ * mask with a batch entry that sees nothing), alone, together, and with
+ * both causal alignments. A GPU run (test_cuda_grid) is still the final word; this
  * finds the kernel's own mistakes before a GPU is at hand.
  *
  * Tolerance: P is rounded to the input type for the second product, so
@@ -37,7 +40,7 @@ static int pipe; /* the kernel variant under test */
 
 static sdpa_context *ctx;
 
-static void check(tl_case c)
+static void check(tl_case c, const sdpa_mask *mask = NULL)
 {
     char what[200];
     snprintf(what, sizeof what,
@@ -53,10 +56,27 @@ static void check(tl_case c)
     }
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.causal = c.causal;
+    prm.mask = mask;
+    if (mask) { /* NaN where the kernel must not look: padding rows and keys */
+        for (int64_t b = 0; b < c.B; b++)
+            for (int t = 0; t < 3; t++) {
+                sdpa_tensor *x = t == 0 ? &p.q : t == 1 ? &p.k : &p.v;
+                const int32_t *len = t == 0 ? mask->seq_len_q : mask->seq_len_kv;
+                for (int64_t i = len ? len[b] : x->size[1]; i < x->size[1]; i++)
+                    for (int64_t h = 0; h < x->size[2]; h++)
+                        for (int64_t e = 0; e < c.D; e++) /* inputs are f16 or bf16 */
+                            ((uint16_t *)x->data)[sdpa__offset(x, b, i, h, e)] =
+                                x->dtype == SDPA_BF16 ? 0x7fc0 : 0x7e00;
+            }
+        snprintf(what + strlen(what), sizeof what - strlen(what), " mask=%s%s",
+                 mask->seq_len_q || mask->seq_len_kv ? "seq_len" : "",
+                 mask->key ? "+key" : "");
+    }
     sdpa_call call;
     CHECK_STATUS(sdpa__call_prepare(&p.q, &p.k, &p.v, &got.t, got.lse, &prm, &call), SDPA_OK);
     const sdpa_cuda_call pc = {call.q,     call.k,      call.v,           call.out,    call.lse,
-                               call.scale, call.causal, call.deterministic, call.stream, call.desc};
+                               call.scale, call.causal, call.deterministic, call.stream, call.desc,
+                               call.mask};
     flash_args_make(&pc, &emu_args);
     const int hd = c.D <= 64 ? 64 : 128, bf16 = c.dtype == SDPA_BF16;
     void (*const fns[2][2][2])(void) = {
@@ -113,6 +133,20 @@ int main(void)
         check(c);
         c.dtype = hf, c.out_dtype = bf;
         check(c);
+        /* masks: lengths (one zero), a key mask (one batch entry sees
+         * nothing), both, with causal */
+        int32_t lq[3] = {70, 0, 33}, lkv[3] = {129, 77, 0};
+        static uint8_t key[3 * 150];
+        for (int i = 0; i < 3 * 150; i++)
+            key[i] = i >= 150 && i < 300 ? 0 : (i * 7919) % 5 != 0;
+        sdpa_mask lens = SDPA_MASK_DEFAULT, keys = SDPA_MASK_DEFAULT, both = SDPA_MASK_DEFAULT;
+        lens.seq_len_q = lq, lens.seq_len_kv = lkv;
+        keys.key = key, keys.key_stride[0] = 150, keys.key_stride[1] = 1;
+        both = lens, both.key = key, both.key_stride[0] = 150, both.key_stride[1] = 1;
+        check(mk(3, 100, 150, 2, 1, 64, bf, SDPA_CAUSAL_NONE, TL_BSHD), &lens);
+        check(mk(3, 100, 150, 4, 2, 128, hf, SDPA_CAUSAL_NONE, TL_BHSD), &keys);
+        check(mk(3, 100, 150, 2, 2, 64, hf, SDPA_CAUSAL_BOTTOM_RIGHT, TL_BSHD), &both);
+        check(mk(3, 100, 150, 2, 2, 72, bf, SDPA_CAUSAL_TOP_LEFT, TL_STRIDED), &both);
     }
     sdpa_context_destroy(ctx);
     return tl_finish();
