@@ -1,7 +1,10 @@
 /*
  * test_cuda_grid.c - every present cuda.* backend against the float64
  * reference, on device memory: fresh random inputs, odd sizes, GQA, cross,
- * both causal alignments, LSE, guard bytes after the device outputs. The
+ * both causal alignments, LSE, guard bytes after the device outputs, and
+ * the masks each backend declares with their arrays in device memory
+ * (sequence lengths with a zero length; a key mask for cuda.flash and
+ * cuda.unfused), against ref given the same masks on the host. The
  * large row is checked against cuda.unfused (the GPU-side reference) when
  * it is present. Without a GPU every backend is skipped with the reason
  * (this is what CI sees); scripts/gpu-check.sh runs it on a GPU.
@@ -47,8 +50,29 @@ static int guard_ok(const void *dev, size_t bytes)
 
 static double tolerance(sdpa_dtype t) { return t == SDPA_BF16 ? 2e-2 : 4e-3; }
 
-/* must_run: a refusal (UNSUPPORTED) fails the case instead of skipping it. */
-static void check_case(const char *backend, const char *against, tl_case c, int must_run)
+/* A copy of the host mask hm with its arrays in device memory. */
+static int mask_to_device(const sdpa_mask *hm, int64_t B, int64_t Skv, sdpa_mask *dm,
+                          void *arrays[3])
+{
+    *dm = *hm;
+    const void *src[3] = {hm->seq_len_q, hm->seq_len_kv, hm->key};
+    const size_t bytes[3] = {sizeof(int32_t) * (size_t)B, sizeof(int32_t) * (size_t)B,
+                             (size_t)(B * Skv)};
+    for (int i = 0; i < 3; i++) {
+        arrays[i] = NULL;
+        if (src[i] && (cudaMalloc(&arrays[i], bytes[i]) != cudaSuccess ||
+                       cudaMemcpy(arrays[i], src[i], bytes[i], cudaMemcpyHostToDevice) !=
+                           cudaSuccess))
+            return 0;
+    }
+    dm->seq_len_q = arrays[0], dm->seq_len_kv = arrays[1], dm->key = arrays[2];
+    return 1;
+}
+
+/* must_run: a refusal (UNSUPPORTED) fails the case instead of skipping it.
+ * hm: masks (host arrays, key rows of Skv bytes), or NULL. */
+static void check_case(const char *backend, const char *against, tl_case c, int must_run,
+                       const sdpa_mask *hm)
 {
     char what[200];
     snprintf(what, sizeof what, "%s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld %s causal=%s",
@@ -63,6 +87,13 @@ static void check_case(const char *backend, const char *against, tl_case c, int 
     tl_output_make(&got, &p);
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.causal = c.causal;
+    sdpa_mask dm;
+    void *mask_mem[3] = {NULL, NULL, NULL};
+    if (hm) {
+        snprintf(what + strlen(what), sizeof what - strlen(what), " mask=%s%s",
+                 hm->seq_len_q || hm->seq_len_kv ? "seq_len" : "", hm->key ? "+key" : "");
+        CHECK(mask_to_device(hm, c.B, c.Skv, &dm, mask_mem), "%s: mask to device", what);
+    }
     dev_tensor q, k, v, o;
     float *lse_dev = NULL;
     const size_t nl = (size_t)(c.B * c.Hq * c.Sq) * sizeof(float);
@@ -77,7 +108,9 @@ static void check_case(const char *backend, const char *against, tl_case c, int 
     sdpa_status sr;
     if (strcmp(against, "ref") == 0) {
         prm.backend = "ref";
+        prm.mask = hm;
         sr = sdpa_forward(ctx, &p.q, &p.k, &p.v, &want.t, want.lse, &prm);
+        prm.mask = hm ? &dm : NULL;
     } else {
         dev_tensor o2;
         to_device(&want.t, want.bytes, &o2);
@@ -115,6 +148,8 @@ static void check_case(const char *backend, const char *against, tl_case c, int 
         }
     }
     cudaFree(q.mem), cudaFree(k.mem), cudaFree(v.mem), cudaFree(o.mem), cudaFree(lse_dev);
+    for (int i = 0; i < 3; i++)
+        cudaFree(mask_mem[i]);
     tl_output_free(&want), tl_output_free(&got), tl_problem_free(&p);
 }
 
@@ -151,11 +186,27 @@ int main(void)
         /* cuDNN must itself serve the first, known-good shape (not a skip, not
          * a fallback: the backend is named); cuda.flash claims every case. */
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
-            check_case(names[n], "ref", cases[c], (n == 0 && c == 0) || n == 1);
+            check_case(names[n], "ref", cases[c], (n == 0 && c == 0) || n == 1, NULL);
+        /* the masks: every backend claims sequence lengths; flash and
+         * unfused the key mask too. All must run. */
+        int32_t lq[2] = {90, 0}, lkv[2] = {200, 0};
+        static uint8_t key[2 * 300];
+        for (int i = 0; i < 2 * 300; i++)
+            key[i] = (i * 7919) % 4 != 0;
+        sdpa_mask lens = SDPA_MASK_DEFAULT, both;
+        lens.seq_len_q = lq, lens.seq_len_kv = lkv;
+        both = lens, both.key = key, both.key_stride[0] = 300, both.key_stride[1] = 1;
+        for (int causal = 0; causal <= 2; causal++) {
+            tl_case m = {2, 128, 300, 4, 2, 64, SDPA_BF16, SDPA_BF16, (sdpa_causal)causal,
+                         TL_BSHD, 1, TL_UNIFORM, 0};
+            check_case(names[n], "ref", m, 1, &lens);
+            if (n != 0)
+                check_case(names[n], "ref", m, 1, &both);
+        }
         if (unfused_present && n != 2) {
             tl_case big = {1, 4096, 4096, 8, 8, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE,
                            TL_BSHD, 1, TL_UNIFORM, 0};
-            check_case(names[n], "cuda.unfused", big, n == 1);
+            check_case(names[n], "cuda.unfused", big, n == 1, NULL);
         }
     }
     sdpa_context_destroy(ctx);
