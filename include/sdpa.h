@@ -592,6 +592,26 @@ sdpa_status sdpa_decide(sdpa_context *ctx, const sdpa_call_desc *desc, sdpa_deci
 sdpa_status sdpa_explain(sdpa_context *ctx, const sdpa_call_desc *desc, int json,
                          char **text);
 
+/*
+ * What the context sees, as `sdpa info` prints it (json = 0) or as one JSON
+ * object (json = 1) with keys version, cpu {model, simulated, isa,
+ * isa_unusable, amx, threads, cores}, cuda {present, name, cc, cudnn,
+ * sm_count, memory_bytes | why}, kernel {call, backend, source, rule} (the
+ * choice for a plain f32 call) and backends (name, version, summary,
+ * device, dtypes, masks, head-dim range, capabilities, present,
+ * why_absent). Release *text with sdpa_free.
+ */
+sdpa_status sdpa_info(sdpa_context *ctx, int json, char **text);
+
+/*
+ * The size of a public struct as this library was built ("sdpa_tensor",
+ * "sdpa_params", "sdpa_mask", "sdpa_call_desc", "sdpa_layer_desc",
+ * "sdpa_context_options"), or 0 for another name: a binding that mirrors
+ * them (the Python package) checks its copies against the library it
+ * loaded.
+ */
+size_t sdpa_struct_size(const char *name);
+
 /* ---------------------------------------------------------------- backends */
 
 /* Static description of a known backend, whether or not it is built here. */

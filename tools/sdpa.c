@@ -67,7 +67,8 @@ static const command commands[] = {
      "  --attn-dtype f32|f16|bf16       dtype of the attention inputs\n"
      "  --out PREFIX                    write PREFIX-a.png (and -b.png)\n"},
     {"info", cmd_info, "the platform, the kernel choice and every backend",
-     "  --platform ..                   describe that machine instead\n"},
+     "  --platform ..                   describe that machine instead\n"
+     "  --json                          one JSON object (what libsdpa.info() returns)\n"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof *commands };
 

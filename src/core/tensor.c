@@ -444,3 +444,20 @@ sdpa_status sdpa__desc_validate(const sdpa_call_desc *d)
                           "desc->mask is 0x%x, expected SDPA_MASK_KIND_* bits", d->mask);
     return SDPA_OK;
 }
+
+size_t sdpa_struct_size(const char *name)
+{
+    static const struct {
+        const char *name;
+        size_t size;
+    } sizes[] = {{"sdpa_tensor", sizeof(sdpa_tensor)},
+                 {"sdpa_params", sizeof(sdpa_params)},
+                 {"sdpa_mask", sizeof(sdpa_mask)},
+                 {"sdpa_call_desc", sizeof(sdpa_call_desc)},
+                 {"sdpa_layer_desc", sizeof(sdpa_layer_desc)},
+                 {"sdpa_context_options", sizeof(sdpa_context_options)}};
+    for (size_t i = 0; name && i < sizeof sizes / sizeof *sizes; i++)
+        if (strcmp(name, sizes[i].name) == 0)
+            return sizes[i].size;
+    return 0;
+}

@@ -1,0 +1,202 @@
+/*
+ * info.c - sdpa_info: what this context sees (platform, the kernel it would
+ * pick for a plain call, every backend with its capabilities and why it is
+ * absent), as the text `sdpa info` prints or as one JSON object for
+ * programs (the Python package's libsdpa.info()). One implementation, so
+ * the two never disagree.
+ */
+#include "../core/core.h"
+#include "../core/strbuf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    unsigned bit;
+    const char *name;
+} features[] = {{SDPA_CPU_AVX2, "avx2+fma"},         {SDPA_CPU_AVX512F, "avx512"},
+                {SDPA_CPU_AVX512BF16, "avx512bf16"}, {SDPA_CPU_AVX512FP16, "avx512fp16"},
+                {SDPA_CPU_AMX_BF16, "amx-bf16"},     {SDPA_CPU_NEON, "neon"}};
+
+static const char *amx_state(const sdpa_platform *p)
+{
+    return !(p->cpu_features_present & SDPA_CPU_AMX_BF16) ? "not in this CPU"
+           : p->amx_permitted ? "permitted (arch_prctl granted XTILEDATA)"
+                              : "present but permission refused by the OS";
+}
+
+/* The probe call the "kernel" line reports: f32, B=1, S=1024, H=8, D=128. */
+static void probe_decision(sdpa_context *ctx, const char **backend, const char **source,
+                           char *rule, size_t n, sdpa_decision *dec)
+{
+    sdpa_call_desc probe = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
+                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0};
+    *backend = NULL, *source = "", rule[0] = '\0';
+    if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0) {
+        *backend = dec->candidates[0];
+        *source = sdpa_source_name(dec->source);
+        sdpa__strlcpy(rule, dec->rule, n);
+    }
+}
+
+static void dtypes_text(unsigned dtypes, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int t = 0; t < SDPA_DTYPE_COUNT; t++)
+        if (dtypes & (1u << t) && len < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? "," : "",
+                                    sdpa_dtype_name((sdpa_dtype)t));
+}
+
+static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
+{
+    const sdpa_platform *p = sdpa_context_platform(ctx);
+    sdpa__sb_printf(sb, "libsdpa %s\n", sdpa_version());
+    sdpa__sb_printf(sb, "cpu       %s%s\n", p->cpu_model, p->simulated ? " (simulated platform)" : "");
+    sdpa__sb_printf(sb, "isa       ");
+    for (size_t i = 0; i < sizeof features / sizeof *features; i++)
+        if (p->cpu_features_present & features[i].bit)
+            sdpa__sb_printf(sb, "%s%s ", features[i].name,
+                            (p->cpu_features & features[i].bit) ? "" : "(unusable)");
+    sdpa__sb_printf(sb, "\namx       %s\n", amx_state(p));
+    sdpa__sb_printf(sb, "threads   %d (of %d online CPUs)\n", sdpa_context_threads(ctx),
+                    p->cpu_cores);
+    if (p->cuda_present)
+        sdpa__sb_printf(sb, "cuda      %s, sm_%d%d, cuDNN %d\n", p->gpu_name, p->cc_major,
+                        p->cc_minor, p->cudnn_version);
+    else
+        sdpa__sb_printf(sb, "cuda      none: %s\n", p->cuda_why);
+    const char *backend, *source;
+    char rule[64];
+    probe_decision(ctx, &backend, &source, rule, sizeof rule, dec);
+    if (backend)
+        sdpa__sb_printf(sb, "kernel    %s for f32 B=1 S=1024 H=8 D=128 (%s%s%s); see `sdpa explain`\n",
+                        backend, source, rule[0] ? " " : "", rule);
+    sdpa__sb_printf(sb, "backends\n");
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        sdpa_backend_get(ctx, i, &b);
+        char dt[32], step[24] = "", masks[40] = "";
+        dtypes_text(b.dtypes, dt, sizeof dt);
+        if (b.head_dim_multiple > 1)
+            snprintf(step, sizeof step, " step %d", b.head_dim_multiple);
+        if (b.masks) {
+            char kinds[32];
+            sdpa__mask_kinds_name(b.masks, kinds, sizeof kinds);
+            snprintf(masks, sizeof masks, " masks:%s", kinds);
+        }
+        sdpa__sb_printf(sb, "  %-14s %-8s %-6s %-13s D %d..%d%s%s%s%s  %s\n", b.name, b.version,
+                        b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", dt, b.head_dim_min,
+                        b.head_dim_max, step, b.lse ? " lse" : "",
+                        b.product_bits == 8 ? " P in bf16" : "", masks,
+                        b.present ? "present" : b.why_absent);
+    }
+}
+
+static void json_key(sdpa_strbuf *sb, const char *key, const char *value, int comma)
+{
+    sdpa__sb_printf(sb, "%s\"%s\":", comma ? "," : "", key);
+    if (value)
+        sdpa__sb_json_string(sb, value);
+    else
+        sdpa__sb_printf(sb, "null");
+}
+
+static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
+{
+    const sdpa_platform *p = sdpa_context_platform(ctx);
+    sdpa__sb_printf(sb, "{\"version\":\"%s\",\"cpu\":{", sdpa_version());
+    json_key(sb, "model", p->cpu_model, 0);
+    sdpa__sb_printf(sb, ",\"simulated\":%s,\"isa\":[", p->simulated ? "true" : "false");
+    int n = 0;
+    for (size_t i = 0; i < sizeof features / sizeof *features; i++)
+        if (p->cpu_features & features[i].bit)
+            sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[i].name);
+    sdpa__sb_printf(sb, "],\"isa_unusable\":[");
+    n = 0;
+    for (size_t i = 0; i < sizeof features / sizeof *features; i++)
+        if ((p->cpu_features_present & features[i].bit) && !(p->cpu_features & features[i].bit))
+            sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[i].name);
+    sdpa__sb_printf(sb, "]");
+    json_key(sb, "amx", amx_state(p), 1);
+    sdpa__sb_printf(sb, ",\"threads\":%d,\"cores\":%d},\"cuda\":{\"present\":%s",
+                    sdpa_context_threads(ctx), p->cpu_cores, p->cuda_present ? "true" : "false");
+    if (p->cuda_present) {
+        json_key(sb, "name", p->gpu_name, 1);
+        sdpa__sb_printf(sb, ",\"cc\":%d,\"cudnn\":%d,\"sm_count\":%d,\"memory_bytes\":%lld}",
+                        p->cc_major * 10 + p->cc_minor, p->cudnn_version, p->sm_count,
+                        (long long)p->memory_bytes);
+    } else {
+        json_key(sb, "why", p->cuda_why, 1);
+        sdpa__sb_printf(sb, "}");
+    }
+    const char *backend, *source;
+    char rule[64];
+    probe_decision(ctx, &backend, &source, rule, sizeof rule, dec);
+    sdpa__sb_printf(sb, ",\"kernel\":{\"call\":\"f32 B=1 S=1024 H=8 D=128\"");
+    json_key(sb, "backend", backend, 1);
+    json_key(sb, "source", source, 1);
+    json_key(sb, "rule", rule, 1);
+    sdpa__sb_printf(sb, "},\"backends\":[");
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        sdpa_backend_get(ctx, i, &b);
+        sdpa__sb_printf(sb, "%s{", i ? "," : "");
+        json_key(sb, "name", b.name, 0);
+        json_key(sb, "version", b.version, 1);
+        json_key(sb, "summary", b.summary, 1);
+        json_key(sb, "device", b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", 1);
+        sdpa__sb_printf(sb, ",\"dtypes\":[");
+        n = 0;
+        for (int t = 0; t < SDPA_DTYPE_COUNT; t++)
+            if (b.dtypes & (1u << t))
+                sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", sdpa_dtype_name((sdpa_dtype)t));
+        sdpa__sb_printf(sb, "],\"masks\":[");
+        static const struct {
+            unsigned bit;
+            const char *name;
+        } kinds[] = {{SDPA_MASK_KIND_SEQ_LEN, "seq_len"},
+                     {SDPA_MASK_KIND_KEY, "key"},
+                     {SDPA_MASK_KIND_GENERAL, "general"}};
+        n = 0;
+        for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+            if (b.masks & kinds[k].bit)
+                sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", kinds[k].name);
+        sdpa__sb_printf(sb,
+                        "],\"head_dim_min\":%d,\"head_dim_max\":%d,\"head_dim_multiple\":%d,"
+                        "\"gqa\":%s,\"cross\":%s,\"causal_top_left\":%s,"
+                        "\"causal_bottom_right\":%s,\"lse\":%s,\"deterministic\":%s,"
+                        "\"product_bits\":%d,\"present\":%s",
+                        b.head_dim_min, b.head_dim_max, b.head_dim_multiple,
+                        b.gqa ? "true" : "false", b.cross ? "true" : "false",
+                        b.causal_top_left ? "true" : "false",
+                        b.causal_bottom_right ? "true" : "false", b.lse ? "true" : "false",
+                        b.deterministic ? "true" : "false", b.product_bits,
+                        b.present ? "true" : "false");
+        json_key(sb, "why_absent", b.present ? NULL : b.why_absent, 1);
+        sdpa__sb_printf(sb, "}");
+    }
+    sdpa__sb_printf(sb, "]}");
+}
+
+sdpa_status sdpa_info(sdpa_context *ctx, int json, char **text)
+{
+    if (!ctx || !text)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL, expected a %s", ctx ? "text" : "ctx",
+                          ctx ? "char ** for the result" : "context");
+    *text = NULL;
+    sdpa_strbuf sb = {NULL, 0, 0, 0};
+    sdpa_decision *dec = sdpa__malloc(sizeof *dec);
+    if (json)
+        info_json(ctx, &sb, dec);
+    else
+        info_text(ctx, &sb, dec);
+    free(dec);
+    *text = sdpa__sb_take(&sb);
+    if (!*text || !dec)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "info: cannot allocate its text");
+    sdpa__clear_error();
+    return SDPA_OK;
+}
