@@ -228,10 +228,12 @@ static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t 
     }
 }
 
-/* Where a block sits, for the masks: batch, head, first query and the key
- * numbers of its columns (kidx, or j0 + j when NULL). */
+/* Where a block sits, for the masks: batch, head, first query, its real
+ * rows (the rest are past Sq) and the key numbers of its columns (kidx, or
+ * j0 + j when NULL). */
 typedef struct amx_block_at {
     int64_t b, h, i0, j0;
+    int rows;
     const int64_t *kidx;
     int causal;
     int64_t offset;
@@ -275,7 +277,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, const amx_qblock 
             _mm512_storeu_ps(s + j, t);
             mx = _mm512_max_ps(mx, t);
         }
-        if (mk && limit > 0) { /* only calls with a general mask */
+        if (mk && limit > 0 && r < at->rows) { /* only calls with a general mask */
             mask_general_row(mk, at->b, at->h, i0 + r, at->kidx, j0, s, (int)limit);
             mx = ninf;
             for (int j = 0; j < bkp; j += 16)
@@ -347,8 +349,9 @@ static void amx_task(void *arg, int64_t task, int worker)
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             if (tk.causal && flash_key(keys, p0) > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
-            const amx_block_at at = {tk.b, tk.h, i0, p0, keys ? keys + p0 : NULL, tk.causal,
-                                     tk.offset};
+            const amx_block_at at = {tk.b,          tk.h,      i0,       p0,
+                                     flash_block_rows(d, i0, BQ), keys ? keys + p0 : NULL,
+                                     tk.causal,     tk.offset};
             scores(jb, w, qb, bkp);
             softmax(jb, w, qb, bk, bkp, &at);
             accumulate(jb, w, qb, bkp);
