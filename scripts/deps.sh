@@ -16,6 +16,11 @@ for pkg in libopenblas-dev libpng-dev libclang-rt-dev; do
     missing+=("$pkg")
   fi
 done
+# venv for the Python package's tests (scripts/python-test.sh); Debian's
+# python3 keeps it in a separate package
+if command -v python3 >/dev/null && ! python3 -c "import venv, ensurepip" 2>/dev/null; then
+  missing+=(python3-venv)
+fi
 if ((${#missing[@]})); then
   echo "deps: installing ${missing[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive

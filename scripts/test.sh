@@ -6,6 +6,9 @@
 #                 (scripts/examples.sh)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks)
+#   build-py/     the Python package: its wheel, and its tests in two virtual
+#                 environments (torch and diffusers; numpy alone), see
+#                 scripts/python-test.sh
 #   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser and the
 #                 .npy reader, SDPA_FUZZ_SECONDS (default 20) each, from the
 #                 corpora in tests/fuzz/corpus (new inputs stay in build-fuzz/)
@@ -35,6 +38,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=
 TSAN_OPTIONS=halt_on_error=1 \
   configure_and_test build-tsan "test_dispatch|test_grid|test_masks" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
+
+echo "== python"
+scripts/python-test.sh
 
 echo "== build-fuzz"
 CC=clang cmake -S . -B build-fuzz -DSDPA_WERROR=ON -DSDPA_CUDA=OFF -DSDPA_FUZZ=ON \

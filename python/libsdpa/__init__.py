@@ -1,0 +1,316 @@
+"""libsdpa from Python: scaled-dot-product attention on the fastest correct
+kernel for the machine and the shape, with the choice explained.
+
+    import numpy as np, libsdpa
+    q = k = v = np.random.rand(1, 256, 8, 64).astype(np.float32)  # [B, S, H, D]
+    out = libsdpa.attention(q, k, v, is_causal=True)
+    print(libsdpa.explain(q, k, v)["candidates"])
+
+Inputs are numpy arrays, PyTorch tensors (CPU, or CUDA for the plugin's
+backends) or any object with __dlpack__, in layout "bshd" ([B, S, H, D],
+diffusers' and FlashAttention's) or "bhsd" (torch's SDPA). Nothing is
+copied when the strides can be described to the C library (transposes and
+slices of packed QKV included). The output is float32 for numpy and DLPack
+inputs, and the inputs' dtype for torch tensors (as torch's SDPA), in the
+inputs' layout; `out=` writes in place instead. The LSE (return_lse=True)
+is float32 [B, Hq, Sq], natural log.
+
+Errors are exceptions carrying the C library's message:
+InvalidArgumentError (a ValueError), UnsupportedError, OutOfMemoryError (a
+MemoryError), DeviceError, NotAvailableError, InternalError.
+"""
+import contextlib
+import ctypes
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+
+from . import _arrays as A
+from . import _capi as C
+from ._capi import (DeviceError, Error, InternalError, InvalidArgumentError,  # noqa: F401
+                    NotAvailableError, OutOfMemoryError, UnsupportedError)
+
+__version__ = C.lib.sdpa_version().decode()
+__all__ = ["attention", "explain", "info", "backend", "Layer", "set_component_backend",
+           "load_policy", "set_num_threads", "get_num_threads", "last_backend", "Error",
+           "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "DeviceError",
+           "NotAvailableError", "InternalError"]
+
+
+class _Context:
+    """An sdpa_context, destroyed when the last Python reference goes."""
+
+    def __init__(self, threads):
+        opts = C.ContextOptions()
+        opts.log_level = -1
+        opts.threads = threads
+        handle = ctypes.c_void_p()
+        C.check(C.lib.sdpa_context_create(ctypes.byref(opts), ctypes.byref(handle)),
+                "context")
+        self.handle, self.requested = handle, threads
+
+    def __del__(self):
+        if getattr(self, "handle", None) and C is not None and C.lib is not None:
+            C.lib.sdpa_context_destroy(self.handle)
+            self.handle = None
+
+
+_lock = threading.Lock()
+_ctx = None
+_threads_set = None  # set_num_threads(n); None: follow torch, else all cores
+
+
+def _wanted_threads():
+    if _threads_set is not None:
+        return _threads_set
+    torch = sys.modules.get("torch")
+    if torch is not None:  # torch's OpenMP pool size: do not start a second, larger one
+        return max(1, torch.get_num_threads())
+    return 0  # all cores
+
+
+def _context():
+    global _ctx
+    want = _wanted_threads()
+    ctx = _ctx
+    if ctx is None or ctx.requested != want:
+        with _lock:
+            if _ctx is None or _ctx.requested != want:
+                _ctx = _Context(want)  # the old one lives on while calls or layers hold it
+            ctx = _ctx
+    return ctx
+
+
+def set_num_threads(n):
+    """CPU threads for libsdpa's calls (0: all cores; None: follow
+    torch.get_num_threads() when torch is imported, else all cores)."""
+    global _threads_set
+    if n is not None and (not isinstance(n, int) or n < 0):
+        raise InvalidArgumentError(f"set_num_threads: n is {n!r}, expected an int >= 0 or None")
+    _threads_set = n
+
+
+def get_num_threads():
+    """The threads the current context runs with."""
+    return C.lib.sdpa_context_threads(_context().handle)
+
+
+def _causal(is_causal):
+    if is_causal is False or is_causal is None or is_causal == "none":
+        return C.CAUSAL_NONE
+    if is_causal is True or is_causal == "top-left":
+        return C.CAUSAL_TOP_LEFT
+    if is_causal == "bottom-right":
+        return C.CAUSAL_BOTTOM_RIGHT
+    raise InvalidArgumentError(f"is_causal is {is_causal!r}, expected False, True, 'top-left' "
+                               "or 'bottom-right'")
+
+
+class _Call:
+    """One attention call prepared: views, output, LSE, params, mask."""
+
+    def __init__(self, q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
+                 quant, component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=True):
+        self.q = A.view(q, "q", layout)
+        self.k = A.view(k, "k", layout)
+        self.v = A.view(v, "v", layout)
+        B, Sq, Hq, D = self.q.sizes
+        Skv, Hkv = self.k.sizes[1], self.k.sizes[2]
+        if enable_gqa is False and Hq != Hkv:
+            raise InvalidArgumentError(f"q has {Hq} heads and k {Hkv}: grouped-query attention "
+                                       "needs enable_gqa=True (or None)")
+        self.shape = (B, Sq, Skv, Hq, Hkv, D)
+        self.layout, self.return_lse = layout, return_lse
+        self.params = C.Params()
+        self.params.causal = _causal(is_causal)
+        if scale is not None:
+            if not isinstance(scale, (int, float)) or scale == 0 or scale != scale:
+                raise InvalidArgumentError(f"scale is {scale!r}, expected a finite non-zero "
+                                           "number or None (1/sqrt(D))")
+            self.params.scale = float(scale)
+        self._strings = [C.cstr(backend), C.cstr(quant), C.cstr(component)]
+        self.params.backend, self.params.quant, self.params.component = self._strings
+        self.mask, self._mask_keep = A.build_mask(self.q, B, Hq, Sq, Skv, attn_mask, seq_len_q,
+                                                  seq_len_kv, key_mask)
+        if self.mask is not None:
+            self.params.mask = ctypes.pointer(self.mask)
+        self.torch = A.is_torch(q)
+        if self.torch and self.q.device[0] == C.DEVICE_CUDA:  # torch's current stream
+            self.params.stream = sys.modules["torch"].cuda.current_stream(q.device).cuda_stream
+        if not allocate:
+            return
+        shape = (B, Sq, Hq, D) if layout == "bshd" else (B, Hq, Sq, D)
+        if out is None:
+            out = self._empty(q, shape, None)
+        elif tuple(out.shape) != shape:
+            raise InvalidArgumentError(f"out has shape {tuple(out.shape)}, expected {shape}")
+        self.out_obj = out
+        self.out = A.view(out, "out", layout, writable=True)
+        self.lse_obj = self._empty(q, (B, Hq, Sq), "float32") if return_lse else None
+        self.lse_ptr = (None if self.lse_obj is None else
+                        (self.lse_obj.data_ptr() if self.torch else self.lse_obj.ctypes.data))
+
+    def _empty(self, q, shape, dtype):
+        if self.torch:
+            torch = sys.modules["torch"]
+            return torch.empty(shape, dtype=torch.float32 if dtype else q.dtype, device=q.device)
+        if self.q.device[0] != C.DEVICE_CPU:
+            raise InvalidArgumentError("q is a DLPack tensor on a GPU: pass out= (and use "
+                                       "torch tensors for return_lse)")
+        return np.empty(shape, dtype=np.float32)
+
+    def run(self, fn, handle):
+        tq, tk, tv, to = (x.tensor() for x in (self.q, self.k, self.v, self.out))
+        st = fn(handle, ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+                self.lse_ptr, ctypes.byref(self.params))
+        C.check(st)
+        return (self.out_obj, self.lse_obj) if self.return_lse else self.out_obj
+
+
+def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
+              return_lse=False, out=None, backend=None, layer=None, quant=None, component=None,
+              attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+    """Scaled-dot-product attention of q [B, Sq, Hq, D] with k, v [B, Skv, Hkv, D]
+    (layout "bshd"; "bhsd" for [B, H, S, D] arrays).
+
+    is_causal: False, True (= "top-left", torch's), "top-left" or "bottom-right".
+    scale: None for 1/sqrt(D). enable_gqa: None or True allows Hq != Hkv
+    (Hq % Hkv == 0); False refuses it, as torch does. backend: run exactly
+    this backend ("cpu.avx512"), or fail with its reason; layer: a Layer
+    whose latch and choice to use. attn_mask: torch's meaning, boolean
+    (True attends) or additive, broadcastable to [B, Hq, Sq, Skv];
+    seq_len_q / seq_len_kv: real lengths per batch entry (padding);
+    key_mask: boolean [B, Skv]. Returns out, or (out, lse) with return_lse.
+    """
+    if layer is not None:
+        return layer(q, k, v, layout=layout, is_causal=is_causal, scale=scale,
+                     enable_gqa=enable_gqa, return_lse=return_lse, out=out, backend=backend,
+                     attn_mask=attn_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                     key_mask=key_mask)
+    _refuse_grad(q, k, v)
+    call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend, quant,
+                 component, attn_mask, seq_len_q, seq_len_kv, key_mask)
+    ctx = _context()
+    return call.run(C.lib.sdpa_forward, ctx.handle)
+
+
+def _refuse_grad(*xs):
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in xs):
+        raise InvalidArgumentError("libsdpa computes the forward pass only: inputs require grad "
+                                   "with autograd on (call it under torch.no_grad() or "
+                                   "torch.inference_mode())")
+
+
+def last_backend():
+    """The backend that ran the calling thread's last successful call."""
+    name = C.lib.sdpa_last_backend()
+    return name.decode() if name else None
+
+
+class Layer:
+    """A C layer: its own backend choice, cached decision and latch (a
+    backend that turns out not to support the layer's shape is latched off
+    for it, with one warning). Callable like attention()."""
+
+    def __init__(self, name=None, component=None, backend=None, quant=None):
+        self._ctx = _context()
+        self._strings = [C.cstr(name), C.cstr(component), C.cstr(backend), C.cstr(quant)]
+        desc = C.LayerDesc(*self._strings)
+        handle = ctypes.c_void_p()
+        C.check(C.lib.sdpa_layer_create(self._ctx.handle, ctypes.byref(desc),
+                                        ctypes.byref(handle)), "Layer")
+        self.handle, self.name, self.component = handle, name, component
+
+    def __call__(self, q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
+                 return_lse=False, out=None, backend=None, attn_mask=None, seq_len_q=None,
+                 seq_len_kv=None, key_mask=None):
+        _refuse_grad(q, k, v)
+        call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
+                     None, None, attn_mask, seq_len_q, seq_len_kv, key_mask)
+        return call.run(C.lib.sdpa_layer_forward, self.handle)
+
+    def is_latched(self, backend):
+        """Whether this layer has latched `backend` off."""
+        return bool(C.lib.sdpa_layer_is_latched(self.handle, C.cstr(backend)))
+
+    def __del__(self):
+        if getattr(self, "handle", None) and C is not None and C.lib is not None:
+            C.lib.sdpa_layer_destroy(self.handle)
+            self.handle = None
+
+
+def explain(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
+            return_lse=False, out=None, backend=None, layer=None, quant=None, component=None,
+            attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+    """The dispatcher's decision for this call as a dict (sdpa_explain's
+    JSON: platform, call, source, rule, evidence, candidates, present,
+    rejected), without running anything. Takes attention()'s keywords."""
+    call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend, quant,
+                 component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=False)
+    B, Sq, Skv, Hq, Hkv, D = call.shape
+    kinds = 0
+    if call.mask is not None:
+        m = call.mask
+        kinds = ((C.MASK_KIND_SEQ_LEN if (m.seq_len_q or m.seq_len_kv) else 0) |
+                 (C.MASK_KIND_KEY if m.key else 0) | (C.MASK_KIND_GENERAL if m.general else 0))
+    desc = C.CallDesc(call.q.device[0], call.q.code, B, Sq, Skv, Hq, Hkv, D,
+                      call.params.causal, 1 if return_lse else 0, 0, C.cstr(backend),
+                      C.cstr(component), C.cstr(quant), kinds)
+    text = ctypes.c_void_p()
+    ctx = layer._ctx if layer is not None else _context()
+    C.check(C.lib.sdpa_explain(ctx.handle, ctypes.byref(desc), 1, ctypes.byref(text)), "explain")
+    return json.loads(C.take_text(text))
+
+
+def info():
+    """What libsdpa sees here (sdpa_info's JSON): version, cpu, cuda, the
+    kernel for a plain call, and every backend with why it is absent."""
+    text = ctypes.c_void_p()
+    C.check(C.lib.sdpa_info(_context().handle, 1, ctypes.byref(text)), "info")
+    return json.loads(C.take_text(text))
+
+
+def info_text():
+    """`sdpa info`'s text."""
+    text = ctypes.c_void_p()
+    C.check(C.lib.sdpa_info(_context().handle, 0, ctypes.byref(text)), "info")
+    return C.take_text(text)
+
+
+@contextlib.contextmanager
+def backend(name):
+    """with libsdpa.backend("cpu.avx512bf16"): ... — the C scoped override:
+    this thread's calls run that backend (or fail with its reason); nests."""
+    C.check(C.lib.sdpa_override_push(C.cstr(name)), "backend")
+    try:
+        yield
+    finally:
+        C.lib.sdpa_override_pop()
+
+
+def set_component_backend(component, backend):
+    """Every call or Layer of `component` ("transformer", "text_encoder")
+    runs `backend` (None clears it), on the current context."""
+    C.check(C.lib.sdpa_context_set_component_backend(_context().handle, C.cstr(component),
+                                                     C.cstr(backend)), "set_component_backend")
+
+
+def measure_ceiling(what="fp32"):
+    """This machine's arithmetic ceiling in GFLOP/s over the context's threads
+    ("fp32" FMA peak, "avx512-bf16", "amx-bf16"), measured now (~0.2 s), and
+    the ISA probed; NotAvailableError where the CPU cannot run it."""
+    g, isa = ctypes.c_double(), ctypes.c_char_p()
+    C.check(C.lib.sdpa_measure_ceiling(_context().handle, C.cstr(what), ctypes.byref(g),
+                                       ctypes.byref(isa)), "measure_ceiling")
+    return g.value, (isa.value or b"").decode()
+
+
+def load_policy(path):
+    """Rules from a file, tried before the built-in ones (sdpa_context_load_policy)."""
+    C.check(C.lib.sdpa_context_load_policy(_context().handle, C.cstr(os.fspath(path))),
+            "load_policy")

@@ -1,0 +1,162 @@
+"""python -m libsdpa.bench: libsdpa (the dispatcher's choice and each CPU
+backend) next to PyTorch's SDPA, in one process, interleaved, on a shape
+suite; and a whole diffusers transformer forward, native vs libsdpa.
+
+    python -m libsdpa.bench [--suite smoke] [--dtype f32|bf16] [--reps 5]
+                            [--dit] [--dit-only]
+
+Figures: medians of --reps rounds, each round running every arm once in a
+rotating order; GFLOP/s = 4 B Hq Sq Skv D / time (halved for causal with
+Sq == Skv; padded rows count their real keys), % of the fp32 FMA (or, for
+bf16-product backends, VDPBF16PS) ceiling measured at the start of the
+run; "x torch" is torch's median time over the arm's. torch's SDPA gets
+the same BSHD tensors as libsdpa, transposed to its [B, H, S, D] as
+diffusers' native backend passes them. Both use torch.get_num_threads().
+"""
+import argparse
+import datetime
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+
+import libsdpa
+
+_SHAPES = pathlib.Path(libsdpa.__file__).resolve().parent / "shapes"
+_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def read_suite(name):
+    path = pathlib.Path(name)
+    if not path.exists():
+        path = _SHAPES / (name if name.endswith(".tsv") else name + ".tsv")
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        f = line.split()
+        B, Sq, Skv, Hq, Hkv, D, causal = (int(x) for x in f[1:8])
+        pad = int(f[8][11:]) if len(f) > 8 and f[8].startswith("seq_len_kv=") else None
+        rows.append((f[0], B, Sq, Skv, Hq, Hkv, D, bool(causal), pad))
+    return path, rows
+
+
+def median_times(arms, reps):
+    """arms: name -> zero-argument callable. Each once to warm up, then
+    reps rounds in a rotating order; medians in ms."""
+    names = list(arms)
+    for n in names:
+        arms[n]()
+    t = {n: [] for n in names}
+    for r in range(reps):
+        for i in range(len(names)):
+            n = names[(i + r) % len(names)]
+            t0 = time.perf_counter()
+            arms[n]()
+            t[n].append((time.perf_counter() - t0) * 1e3)
+    return {n: statistics.median(v) for n, v in t.items()}
+
+
+def bench_suite(args):
+    dtype = _DTYPES[args.dtype]
+    path, rows = read_suite(args.suite)
+    ceil, isa = libsdpa.measure_ceiling("fp32")
+    try:
+        bf16_ceil = libsdpa.measure_ceiling("avx512-bf16")[0]
+    except libsdpa.NotAvailableError:
+        bf16_ceil = 0.0
+    info = libsdpa.info()
+    backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
+                and b["name"] != "ref" and args.dtype in b["dtypes"]]
+    print(f"# python -m libsdpa.bench --suite {path.name} --dtype {args.dtype} --reps {args.reps}"
+          f"  libsdpa {libsdpa.__version__}, torch {torch.__version__}, {info['cpu']['model']}, "
+          f"{torch.get_num_threads()} threads, {datetime.date.today()}")
+    print(f"# ceiling: fp32 FMA {ceil:.0f} GFLOP/s ({isa} probe, this run)" +
+          (f"; VDPBF16PS {bf16_ceil:.0f} GFLOP/s (the %peak of bf16-product backends)"
+           if bf16_ceil else ""))
+    print(f"{'row':22} {'arm':18} {'median_ms':>10} {'GFLOP/s':>9} {'%peak':>6} {'x torch':>8}")
+    for name, B, Sq, Skv, Hq, Hkv, D, causal, pad in rows:
+        q = torch.rand(B, Sq, Hq, D).mul(2).sub(1).to(dtype)
+        k, v = (torch.rand(B, Skv, Hkv, D).mul(2).sub(1).to(dtype) for _ in range(2))
+        lens = None if pad is None else torch.full((B,), pad, dtype=torch.int32)
+        tmask = None if pad is None else (torch.arange(Skv) < pad).expand(B, 1, 1, Skv)
+        out = torch.empty_like(q)
+        kw = dict(is_causal=causal, seq_len_kv=lens, out=out)
+        chosen = libsdpa.explain(q, k, v, is_causal=causal, seq_len_kv=lens)["candidates"][0]
+
+        def torch_sdpa():
+            torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=tmask,
+                is_causal=causal, enable_gqa=Hq != Hkv)
+
+        arms = {"torch sdpa": torch_sdpa,
+                f"libsdpa ({chosen})": lambda: libsdpa.attention(q, k, v, **kw)}
+        for b in backends:
+            arms[b["name"]] = (lambda n: lambda: libsdpa.attention(q, k, v, backend=n, **kw))(
+                b["name"])
+        with torch.no_grad():
+            med = median_times(arms, args.reps)
+        flops = 4.0 * B * Hq * Sq * (pad or Skv) * D / (2 if causal and Sq == Skv else 1)
+        for arm, ms in med.items():
+            bits = next((b["product_bits"] for b in backends if b["name"] in arm), 0)
+            peak = bf16_ceil if bits == 8 and bf16_ceil else ceil
+            gf = flops / (ms * 1e6)
+            print(f"{name:22} {arm:18} {ms:10.3f} {gf:9.1f} {100 * gf / peak:5.1f}% "
+                  f"{med['torch sdpa'] / ms:8.2f}")
+        sys.stdout.flush()
+
+
+def bench_dit(args):
+    import diffusers
+    import libsdpa.diffusers as ld
+    ld.enable()
+    dtype = _DTYPES[args.dtype]
+    torch.manual_seed(0)
+    heads, hd, side, T = 8, 128, 32, 128  # 1024 image + 128 text tokens, width 1024
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=hd,
+        num_attention_heads=heads, joint_attention_dim=256, pooled_projection_dim=256,
+        axes_dims_rope=(16, 56, 56)).eval().to(dtype)
+    S = side * side
+    ids = torch.zeros(S, 3)
+    ids[:, 1], ids[:, 2] = torch.arange(S) // side, torch.arange(S) % side
+    inputs = dict(hidden_states=torch.randn(1, S, 64, dtype=dtype),
+                  encoder_hidden_states=torch.randn(1, T, 256, dtype=dtype),
+                  pooled_projections=torch.randn(1, 256, dtype=dtype),
+                  timestep=torch.tensor([0.5], dtype=dtype), img_ids=ids,
+                  txt_ids=torch.zeros(T, 3))
+    from diffusers.models.attention_dispatch import attention_backend
+
+    def forward(backend):
+        with attention_backend(backend):
+            return model(**inputs).sample
+
+    with torch.no_grad():
+        med = median_times({"native": lambda: forward("native"),
+                            "libsdpa": lambda: forward("libsdpa")}, args.reps)
+        diff = (forward("native").float() - forward("libsdpa").float()).abs().max().item()
+    print(f"# diffusers {diffusers.__version__} FluxTransformer2DModel (2 joint + 4 single blocks, "
+          f"{heads} heads x {hd}, {S} image + {T} text tokens, random weights), {args.dtype}, "
+          f"one forward, {args.reps} interleaved rounds, {torch.get_num_threads()} threads")
+    print(f"native {med['native']:.1f} ms, libsdpa {med['libsdpa']:.1f} ms: libsdpa "
+          f"{med['native'] / med['libsdpa']:.2f}x native; max |difference| {diff:.2e}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m libsdpa.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--suite", default="smoke")
+    p.add_argument("--dtype", default="f32", choices=sorted(_DTYPES))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dit", action="store_true", help="also a diffusers transformer forward")
+    p.add_argument("--dit-only", action="store_true")
+    args = p.parse_args(argv)
+    if not args.dit_only:
+        bench_suite(args)
+    if args.dit or args.dit_only:
+        bench_dit(args)
+
+
+if __name__ == "__main__":
+    main()
