@@ -50,6 +50,16 @@ void *sdpa__aligned_alloc(size_t align, size_t n); /* n rounded up to align */
  */
 void sdpa__alloc_fail_at(int64_t n);
 int64_t sdpa__alloc_count(void);
+/*
+ * The calling thread's scratch area (64-byte aligned, at least n bytes,
+ * contents undefined), kept between calls up to 16 MiB so that repeated
+ * calls allocate nothing; NULL when out of memory. Pair every use with
+ * sdpa__scratch_release(p), which frees only what was not kept. The area
+ * is the thread's: never hand it to another call on the same thread while
+ * in use.
+ */
+void *sdpa__scratch(size_t n);
+void sdpa__scratch_release(void *p);
 
 /* ---- logging (log.c) */
 

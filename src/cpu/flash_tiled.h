@@ -19,8 +19,10 @@
  * for O^T. O^T is transposed back once per query block when stored.
  *
  * K and V tiles are converted to f32 once per (task, KV block) and shared
- * by the QB query blocks of the task. Extra memory per thread:
- * QB x (2 D BQ + 2 BQ) + BK (2 D + BQ) floats, about 0.3 MiB at D = 128.
+ * by the QB query blocks of the task (for short grouped-query calls, by the
+ * query heads of one KV head: flash_tasks.h). Extra memory per thread:
+ * QB x (2 D BQ + 2 BQ) + BK (2 D + BQ) floats, about 0.3 MiB at D = 128,
+ * in the calling thread's scratch (sdpa__scratch: allocated once, kept).
  *
  * The ISA file defines, before including:
  *   VL, vec, V_LOAD, V_STORE, V_SET1, V_ZERO, V_FMA(a,b,c)=a*b+c, V_MUL,
@@ -133,14 +135,17 @@ static void gemm_rows(int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t 
     }
 }
 
-static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb, int64_t b,
-                   int64_t h, int64_t i0, int rows)
+/* Rows i0 .. i0 + rows of the task's row space (flash_row). */
+static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
+                   const flash_task *tk, int64_t i0, int rows)
 {
     const sdpa_tensor *q = c->q;
     const int64_t D = c->desc.D;
     memset(qb->qt, 0, sizeof(float) * (size_t)D * BQ);
     for (int r = 0; r < rows; r++) {
-        const void *src = sdpa__elem(q, sdpa__offset(q, b, i0 + r, h, 0));
+        int64_t h, qi;
+        flash_row(tk, i0 + r, &h, &qi);
+        const void *src = sdpa__elem(q, sdpa__offset(q, tk->b, qi, h, 0));
 #ifdef TILED_PAIRS
         uint16_t *row = (uint16_t *)w->row;
         row[D] = 0; /* the pad of an odd D */
@@ -276,15 +281,16 @@ static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
     }
 }
 
-/* Rows at or past len_q are padding (sdpa.h): zeros and LSE -inf, l = 0. */
-static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb, int64_t b,
-                      int64_t h, int64_t i0, int rows, int64_t len_q)
+/* Queries at or past len_q are padding (sdpa.h): zeros and LSE -inf, l = 0. */
+static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb,
+                      const flash_task *tk, int64_t i0, int rows)
 {
     for (int r = 0; r < rows; r++) {
+        int64_t h, i;
+        flash_row(tk, i0 + r, &h, &i);
         for (int64_t e = 0; e < c->desc.D; e++) /* O^T column -> row */
             w->row[e] = qb->ot[e * BQ + r];
-        sdpa__store_result(c, b, i0 + r, h, w->row, qb->m[r], i0 + r < len_q ? qb->l[r] : 0.0f,
-                           0);
+        sdpa__store_result(c, tk->b, i, h, w->row, qb->m[r], i < tk->len_q ? qb->l[r] : 0.0f, 0);
     }
 }
 
@@ -298,7 +304,7 @@ static void task_fn(void *arg, int64_t task, int worker)
     const int64_t D = d->D;
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        load_q(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
+        load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
     }
     /* Masks (sdpa.h): flash_task_make bounded the keys by the real
      * lengths, a key mask leaves only the visible keys to pack (keys[p] is
@@ -336,8 +342,8 @@ static void task_fn(void *arg, int64_t task, int worker)
             if (tk.causal && k_last > i0 + tk.offset)
                 mask_tile(w->st, bk, keys, p0, i0, tk.offset);
             if (mk && mk->general)
-                mask_tile_general(w->st, bk, keys, p0, i0, flash_block_rows(d, i0, BQ), mk, tk.b,
-                                  tk.h);
+                mask_tile_general(w->st, bk, keys, p0, i0, flash_block_rows(d->Sq, i0, BQ), mk,
+                                  tk.b, tk.h); /* never grouped: flash_groups_heads */
             softmax_tile(w->st, bk, qb, D);
 #ifdef TILED_PAIRS
             pack_p_pairs(w->st, bk);
@@ -349,7 +355,7 @@ static void task_fn(void *arg, int64_t task, int worker)
     }
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        store_out(c, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ), tk.len_q);
+        store_out(c, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
     }
 }
 
@@ -359,22 +365,25 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
     const int64_t D = d->D;
-    job jb = {c, flash_split_make(d, BQ, threads), NULL};
-    const int64_t heads = d->B * d->Hq;
+    job jb = {c, flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ)), NULL};
+    const int64_t heads = d->B * d->Hq / jb.split.group; /* row spaces */
     const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
     /* under a key mask, room for the visible keys of a task (2 floats each) */
     const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0;
     const size_t row_room = ((size_t)D + 64 + 15) / 16 * 16; /* keeps what follows aligned */
     const size_t per = per_qb * (size_t)jb.split.qb_per_task + (size_t)BK * BQ +
                        (size_t)(2 * BK * D) + row_room + key_room;
-    float *mem = sdpa__aligned_alloc(64, per * (size_t)threads * sizeof(float));
-    jb.ws = sdpa__calloc((size_t)threads, sizeof *jb.ws);
-    qblock *qbs = sdpa__calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
-    if (!mem || !jb.ws || !qbs) {
-        free(mem), free(jb.ws), free(qbs);
+    /* tiles, then the per-thread descriptors, in the thread's scratch */
+    const size_t tiles = per * (size_t)threads * sizeof(float);
+    const size_t descs = ((size_t)threads * sizeof *jb.ws + 63) / 64 * 64;
+    const size_t n_qbs = (size_t)threads * (size_t)jb.split.qb_per_task;
+    char *base = sdpa__scratch(tiles + descs + n_qbs * sizeof(qblock));
+    if (!base)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
-                          KERNEL_NAME, per * (size_t)threads * sizeof(float));
-    }
+                          KERNEL_NAME, tiles + descs + n_qbs * sizeof(qblock));
+    float *mem = (float *)base;
+    jb.ws = (workspace *)(base + tiles);
+    qblock *qbs = (qblock *)(base + tiles + descs);
     for (int t = 0; t < threads; t++) {
         float *p = mem + per * (size_t)t;
         workspace *w = &jb.ws[t];
@@ -392,6 +401,6 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         w->keys = key_room ? (int64_t *)p : NULL;
     }
     sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, task_fn, &jb);
-    free(mem), free(jb.ws), free(qbs);
+    sdpa__scratch_release(base);
     return SDPA_OK;
 }

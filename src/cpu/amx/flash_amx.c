@@ -333,7 +333,7 @@ static void amx_task(void *arg, int64_t task, int worker)
     amx_configure_full_tiles();
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        load_q(jb, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ));
+        load_q(jb, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d->Sq, i0, BQ));
     }
     /* Masks as in flash_tiled.h: lengths bound the task, a key mask is
      * gathered (keys[p] is the p-th key read), a general mask is read in
@@ -350,7 +350,7 @@ static void amx_task(void *arg, int64_t task, int worker)
             if (tk.causal && flash_key(keys, p0) > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
             const amx_block_at at = {tk.b,          tk.h,      i0,       p0,
-                                     flash_block_rows(d, i0, BQ), keys ? keys + p0 : NULL,
+                                     flash_block_rows(d->Sq, i0, BQ), keys ? keys + p0 : NULL,
                                      tk.causal,     tk.offset};
             scores(jb, w, qb, bkp);
             softmax(jb, w, qb, bk, bkp, &at);
@@ -360,7 +360,7 @@ static void amx_task(void *arg, int64_t task, int worker)
     TILE_RELEASE();
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        store_out(jb, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d, i0, BQ), tk.len_q);
+        store_out(jb, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d->Sq, i0, BQ), tk.len_q);
     }
 }
 
@@ -369,7 +369,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     (void)self;
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
-    amx_job jb = {c, (d->D + 31) / 32 * 32, flash_split_make(d, BQ, threads), NULL,
+    amx_job jb = {c, (d->D + 31) / 32 * 32, flash_split_make(d, BQ, threads, 0), NULL,
                   (float)(c->scale * LOG2E)};
     const int64_t Dp = jb.Dp, heads = d->B * d->Hq;
     /* bytes per thread, each piece rounded to 64 for aligned tile rows */
@@ -378,14 +378,15 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t per = per_qb * (size_t)jb.split.qb_per_task + R64(BQ * BK * 4) + R64(BQ * BK * 2) +
                        2 * R64(BK * Dp * 2) + R64(Dp * 2) + R64(Dp * 4) +
                        (c->mask && c->mask->key ? R64(d->Skv * 8) : 0);
-    char *mem = sdpa__aligned_alloc(64, per * (size_t)threads);
-    jb.ws = sdpa__calloc((size_t)threads, sizeof *jb.ws);
-    amx_qblock *qbs = sdpa__calloc((size_t)threads * (size_t)jb.split.qb_per_task, sizeof *qbs);
-    if (!mem || !jb.ws || !qbs) {
-        free(mem), free(jb.ws), free(qbs);
+    /* tiles, then the per-thread descriptors, in the thread's scratch */
+    const size_t tiles = per * (size_t)threads, descs = R64((size_t)threads * sizeof *jb.ws);
+    const size_t n_qbs = (size_t)threads * (size_t)jb.split.qb_per_task;
+    char *mem = sdpa__scratch(tiles + descs + n_qbs * sizeof(amx_qblock));
+    if (!mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
-                          AMX_BACKEND_NAME, per * (size_t)threads);
-    }
+                          AMX_BACKEND_NAME, tiles + descs + n_qbs * sizeof(amx_qblock));
+    jb.ws = (amx_workspace *)(mem + tiles);
+    amx_qblock *qbs = (amx_qblock *)(mem + tiles + descs);
     for (int t = 0; t < threads; t++) {
         char *p = mem + per * (size_t)t;
         amx_workspace *w = &jb.ws[t];
@@ -406,7 +407,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     }
 #undef R64
     sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, amx_task, &jb);
-    free(mem), free(jb.ws), free(qbs);
+    sdpa__scratch_release(mem);
     return SDPA_OK;
 }
 

@@ -230,13 +230,13 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)c->desc.Skv : 0;
     const size_t per = (size_t)5 * Dp * 64 + 64 * 64 + 2 * 64 + key_room;
     flash_job job = {c, Dp, (c->desc.Sq + BQ - 1) / BQ, NULL};
-    float *mem = sdpa__calloc(per * (size_t)threads, sizeof(float));
-    job.ws = sdpa__calloc((size_t)threads, sizeof *job.ws);
-    if (!mem || !job.ws) {
-        free(mem), free(job.ws);
+    /* tiles, then the per-thread descriptors, in the thread's scratch */
+    const size_t tiles = per * (size_t)threads * sizeof(float);
+    float *mem = sdpa__scratch(tiles + (size_t)threads * sizeof *job.ws);
+    if (!mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.portable: cannot allocate %zu bytes of tiles",
-                          per * (size_t)threads * sizeof(float));
-    }
+                          tiles + (size_t)threads * sizeof *job.ws);
+    job.ws = (workspace *)((char *)mem + tiles);
     for (int t = 0; t < threads; t++) {
         float *p = mem + per * (size_t)t;
         workspace *w = &job.ws[t];
@@ -251,8 +251,7 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
         w->keys = key_room ? (int64_t *)p : NULL;
     }
     sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * job.n_qblocks, portable_task, &job);
-    free(mem);
-    free(job.ws);
+    sdpa__scratch_release(mem);
     return SDPA_OK;
 }
 
