@@ -451,6 +451,23 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
 /* Name of the backend that ran the last successful call on this thread. */
 const char *sdpa_last_backend(void);
 
+/*
+ * Merges two partial results of one attention call, computed over disjoint
+ * sets of keys (halves of a sequence, a ring step, text tokens attended
+ * apart): (o_a, lse_a) and (o_b, lse_b) -> (out, lse), as if the call had
+ * seen both sets. The LSEs are float32 [B, Hq, Sq] (sdpa_forward's layout,
+ * natural log); the tensors any dtype and strides, all the same sizes, on
+ * the CPU. Computed in float32, stably (the larger LSE factored out, log1p
+ * of the exponent of the difference), symmetric in a and b (merge(a, b) ==
+ * merge(b, a) bitwise). A side whose LSE is -inf saw no key (empty or fully
+ * masked) and is not read; both -inf gives zeros and LSE -inf, never NaN; a
+ * NaN or +inf LSE gives a NaN row. out may be o_a or o_b itself (the same
+ * view: running accumulation), else must not overlap them; lse likewise
+ * lse_a or lse_b, or separate, or NULL when not wanted.
+ */
+sdpa_status sdpa_merge(const sdpa_tensor *o_a, const float *lse_a, const sdpa_tensor *o_b,
+                       const float *lse_b, sdpa_tensor *out, float *lse);
+
 /* ---------------------------------------------------------------- layers */
 
 typedef struct sdpa_layer sdpa_layer;

@@ -96,6 +96,13 @@ typedef struct sdpa_call {
  * device agreement, Hq % Hkv, 64-bit byte-count overflow, output overlapping
  * an input) and fills *call. INVALID_ARGUMENT with the argument's name.
  */
+/* One tensor's own checks (dtype, device, sizes, strides, no output element
+ * shared when is_output); *span is its extent in bytes. */
+sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *name, int is_output,
+                               int64_t *span);
+/* Whether byte ranges [a, a + na) and [b, b + nb) meet. */
+int sdpa__overlaps(const void *a, int64_t na, const void *b, int64_t nb);
+
 sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                                const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                                const sdpa_params *params, sdpa_call *call);

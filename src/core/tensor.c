@@ -100,8 +100,8 @@ sdpa_status sdpa_convert(const void *src, sdpa_dtype src_dtype, void *dst, sdpa_
  * end of its last element. All arithmetic is overflow-checked: a size whose
  * byte count does not fit in 63 bits is an error, not a wrap-around.
  */
-static sdpa_status check_tensor(const sdpa_tensor *t, const char *name, int is_output,
-                                int64_t *span)
+sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *name, int is_output,
+                               int64_t *span)
 {
     if (!t)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL, expected a tensor", name);
@@ -173,7 +173,7 @@ static sdpa_status check_tensor(const sdpa_tensor *t, const char *name, int is_o
     return SDPA_OK;
 }
 
-static int overlaps(const void *a, int64_t na, const void *b, int64_t nb)
+int sdpa__overlaps(const void *a, int64_t na, const void *b, int64_t nb)
 {
     uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
     return a0 < b0 + (uintptr_t)nb && b0 < a0 + (uintptr_t)na;
@@ -322,7 +322,7 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
     static const char *names[4] = {"q", "k", "v", "out"};
     sdpa_status st;
     for (int i = 0; i < 4; i++)
-        if ((st = check_tensor(t[i], names[i], i == 3, &span[i])) != SDPA_OK)
+        if ((st = sdpa__check_tensor(t[i], names[i], i == 3, &span[i])) != SDPA_OK)
             return st;
     if ((st = check_params(params)) != SDPA_OK)
         return st;
@@ -367,7 +367,7 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                           sdpa_dtype_name(k->dtype != q->dtype ? k->dtype : v->dtype),
                           sdpa_dtype_name(q->dtype));
     for (int i = 0; i < 3; i++)
-        if (overlaps(out->data, span[3], t[i]->data, span[i]))
+        if (sdpa__overlaps(out->data, span[3], t[i]->data, span[i]))
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
                               "out overlaps %s in memory, expected separate buffers", names[i]);
     if (lse) {
@@ -379,7 +379,7 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
         if ((uintptr_t)lse % sizeof(float) != 0)
             return sdpa__fail(SDPA_INVALID_ARGUMENT, "lse is not 4-byte aligned");
         for (int i = 0; i < 4; i++)
-            if (overlaps(lse, bytes, t[i]->data, span[i]))
+            if (sdpa__overlaps(lse, bytes, t[i]->data, span[i]))
                 return sdpa__fail(SDPA_INVALID_ARGUMENT,
                                   "lse overlaps %s in memory, expected a separate buffer",
                                   names[i]);
