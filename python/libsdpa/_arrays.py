@@ -52,12 +52,10 @@ class View:
         self.keep, self.kind = keep, kind  # the object that owns the memory
 
     def tensor(self):
-        t = C.Tensor()
-        t.data = self.data
-        t.dtype = self.code
+        t = C.Tensor()  # slice assignment: the cheapest way to fill a ctypes struct
+        t.data, t.dtype = self.data, self.code
         t.device.kind, t.device.ordinal = self.device
-        for i in range(4):
-            t.size[i], t.stride[i] = self.sizes[i], self.strides[i]
+        t.size[:], t.stride[:] = self.sizes, self.strides
         return t
 
 
@@ -74,9 +72,9 @@ def _four(shape, strides, layout, name):
 
 def view(x, name, layout, writable=False):
     """The View of x (numpy, torch or __dlpack__), or InvalidArgumentError."""
-    if layout not in ("bshd", "bhsd"):
+    if layout != "bshd" and layout != "bhsd":
         raise C.InvalidArgumentError(f"layout is {layout!r}, expected 'bshd' or 'bhsd'")
-    if is_torch(x):
+    if not isinstance(x, np.ndarray) and is_torch(x):
         code = _torch_code(x.dtype, name)
         dev = x.device
         device = (C.DEVICE_CPU, 0) if dev.type == "cpu" else (
@@ -87,15 +85,19 @@ def view(x, name, layout, writable=False):
         sizes, strides = _four(tuple(x.shape), tuple(x.stride()), layout, name)
         return View(x.data_ptr(), code, device, sizes, strides, x, "torch")
     if isinstance(x, np.ndarray):
-        code = _np_code(x.dtype, name)
+        code = _NP_CODES.get(x.dtype)
+        if code is None:
+            code = _np_code(x.dtype, name)
         if writable and not x.flags.writeable:
             raise C.InvalidArgumentError(f"{name} is a read-only array, expected a writable one")
-        item = x.itemsize
-        if any(s % item for s in x.strides):
+        item, st = x.itemsize, x.strides
+        strides = tuple(s // item for s in st)
+        if len(st) == 4 and (strides[0] * item, strides[1] * item, strides[2] * item,
+                             strides[3] * item) != st:
             raise C.InvalidArgumentError(
-                f"{name} has byte strides {x.strides}, not multiples of its {item}-byte "
+                f"{name} has byte strides {st}, not multiples of its {item}-byte "
                 "elements: no element strides describe it (copy it with np.ascontiguousarray)")
-        sizes, strides = _four(x.shape, tuple(s // item for s in x.strides), layout, name)
+        sizes, strides = _four(x.shape, strides, layout, name)
         return View(x.ctypes.data, code, (C.DEVICE_CPU, 0), sizes, strides, x, "numpy")
     if hasattr(x, "__dlpack__"):
         return _dlpack_view(x, name, layout)
