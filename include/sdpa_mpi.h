@@ -1,0 +1,100 @@
+/*
+ * sdpa_mpi.h - sequence-parallel attention over MPI (libsdpa_mpi): one
+ * attention call whose sequence is split across the ranks of the caller's
+ * communicator, computed as ring attention, Ulysses (all-to-all from a
+ * sequence split to a head split and back) or both on a 2-D grid (USP),
+ * with any libsdpa backend that returns the LSE doing the local work.
+ *
+ * MPI stays out of the core library's ABI: this is a separate library
+ * (libsdpa_mpi.so, linked with the MPI it was built against) and header.
+ * It never calls MPI_Init or MPI_Finalize and never uses MPI_COMM_WORLD on
+ * its own: a plan duplicates the communicator it is given, so its messages
+ * cannot meet the caller's. Only the calling thread communicates, so
+ * MPI_THREAD_FUNNELED suffices (SINGLE too, if the process has one thread
+ * calling MPI); the library's worker threads never touch MPI.
+ *
+ * Ranks form a grid of `ulysses` x `ring` = size: rank = r * ulysses + u.
+ * The sequences (q's Sq and k/v's Skv) are cut into size shards, rank p
+ * holding shard p (sdpa_mpi_rows: ceil(S / size) rows each, the last ones
+ * shorter or empty; explicit counts are accepted instead). A Ulysses group
+ * (the ulysses ranks of one r) gathers its shards' rows for Hq / ulysses
+ * of the heads; KV heads are split when Hkv % ulysses == 0 and replicated
+ * when ulysses % Hkv == 0 (grouped-query), otherwise the plan is refused
+ * with the degrees that would work. The ring then passes each group's K/V
+ * around the groups, posting the next block's send and receive before the
+ * current block is computed; partial results are merged in float32
+ * (sdpa_merge) and cast once.
+ *
+ * Every argument is checked on every rank and the verdict agreed with one
+ * MPI_Allreduce before any data moves, so ranks that disagree (shapes,
+ * dtypes, degrees, causal, tensor sizes) all get INVALID_ARGUMENT, never a
+ * hang or an MPI_Abort.
+ */
+#ifndef SDPA_MPI_H
+#define SDPA_MPI_H
+
+#include "sdpa.h"
+
+#include <mpi.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* The global call every rank takes part in. */
+typedef struct sdpa_mpi_shape {
+    int64_t B, Sq, Skv, Hq, Hkv, D;
+    sdpa_dtype dtype;   /* q, k and v */
+    sdpa_causal causal; /* on the global positions */
+} sdpa_mpi_shape;
+
+typedef struct sdpa_mpi_plan sdpa_mpi_plan;
+
+/*
+ * Collective over comm. ulysses * ring must be comm's size. q_counts and
+ * kv_counts (size entries each, summing to Sq and Skv) give explicit
+ * splits, or NULL for ceil blocks. *out is NULL on failure, on every rank.
+ */
+sdpa_status sdpa_mpi_plan_create(MPI_Comm comm, int ulysses, int ring,
+                                 const sdpa_mpi_shape *shape, const int64_t *q_counts,
+                                 const int64_t *kv_counts, sdpa_mpi_plan **out);
+void sdpa_mpi_plan_destroy(sdpa_mpi_plan *plan); /* collective (frees the duplicate) */
+
+/* The rows of the global q (kv = 0) or k/v (kv = 1) sequence a rank
+ * holds: [*first, *first + *count). rank -1: the calling rank. */
+void sdpa_mpi_rows(const sdpa_mpi_plan *plan, int rank, int kv, int64_t *first, int64_t *count);
+
+/*
+ * Collective. q [B, count_q, Hq, D], k and v [B, count_kv, Hkv, D] are this
+ * rank's rows (any strides, CPU memory); out [B, count_q, Hq, D] (any
+ * dtype) and lse (float32 [B, Hq, count_q], or NULL) receive this rank's
+ * rows of the result. params: scale, backend, deterministic, component
+ * and quant are honoured for the local calls; causal comes from the plan;
+ * masks are not taken (INVALID_ARGUMENT). ctx runs the local attention.
+ */
+sdpa_status sdpa_mpi_forward(sdpa_mpi_plan *plan, sdpa_context *ctx, const sdpa_tensor *q,
+                             const sdpa_tensor *k, const sdpa_tensor *v, sdpa_tensor *out,
+                             float *lse, const sdpa_params *params);
+
+/* The calling thread's message for the last failing sdpa_mpi_* call (""
+ * after a success); the core's sdpa_last_error() is not touched. */
+const char *sdpa_mpi_last_error(void);
+
+/* Per rank, what the last forward on this plan moved and waited for. */
+typedef struct sdpa_mpi_stats {
+    int64_t bytes_sent, bytes_received;
+    double compute_ms;  /* local attention and merges            */
+    double total_ms;    /* the whole call                         */
+    double wait_ms;     /* blocked on messages the compute did not hide */
+} sdpa_mpi_stats;
+void sdpa_mpi_last_stats(const sdpa_mpi_plan *plan, sdpa_mpi_stats *out);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,240 @@
+/*
+ * test_sp.c - libsdpa_mpi against single-process attention, run by CTest
+ * under mpirun with 1 to 4 ranks. Every rank builds the same full inputs
+ * (rank 0's seed, broadcast), runs its shard through sdpa_mpi_forward and
+ * compares its rows of O and of the LSE with `ref` on the whole call.
+ * Cases: every grid the rank count allows (ring, Ulysses, USP); uneven
+ * splits (101 rows) and an explicit split with an empty shard; GQA (KV
+ * heads split, and replicated when ulysses > Hkv); cross-attention; both
+ * causal alignments (rows that see no key included); f32 and bf16 inputs;
+ * a bf16 output. Then the refusals: ranks that disagree on the shape all
+ * get INVALID_ARGUMENT (no hang), a degree that does not divide the heads
+ * is refused with the degrees that work, a wrong local size names it.
+ *
+ * Links only the public libraries (libsdpa.so, libsdpa_mpi.so): the test
+ * harness of the other tests carries its own copy of the core.
+ */
+#include "sdpa_mpi.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int rank, size, passed, failed;
+static uint64_t rng;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            passed++;                                                                              \
+        } else {                                                                                   \
+            failed++;                                                                              \
+            printf("FAIL rank %d %s:%d: ", rank, __FILE__, __LINE__);                              \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+static float uniform(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static float *fill(size_t n)
+{
+    float *x = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = uniform();
+    return x;
+}
+
+static double get(const void *p, sdpa_dtype t, size_t i)
+{
+    if (t == SDPA_F32)
+        return ((const float *)p)[i];
+    float f;
+    sdpa_convert((const uint16_t *)p + i, t, &f, SDPA_F32, 1);
+    return f;
+}
+
+typedef struct spcase {
+    int U, R;
+    int64_t B, Sq, Skv, Hq, Hkv, D;
+    sdpa_dtype dtype, out_dtype;
+    sdpa_causal causal;
+    const int64_t *q_counts; /* or NULL */
+} spcase;
+
+static void run_case(sdpa_context *ctx, const spcase *c)
+{
+    char what[160];
+    snprintf(what, sizeof what, "P=%d U=%d R=%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld %s->%s %s%s",
+             size, c->U, c->R, (long long)c->B, (long long)c->Sq, (long long)c->Skv,
+             (long long)c->Hq, (long long)c->Hkv, sdpa_dtype_name(c->dtype),
+             sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal),
+             c->q_counts ? " explicit split" : "");
+    const size_t es = c->dtype == SDPA_F32 ? 4 : 2, oes = c->out_dtype == SDPA_F32 ? 4 : 2;
+    const size_t nq = (size_t)(c->B * c->Sq * c->Hq * c->D), nk = (size_t)(c->B * c->Skv * c->Hkv * c->D);
+    float *qf = fill(nq), *kf = fill(nk), *vf = fill(nk);
+    void *q = qf, *k = kf, *v = vf;
+    if (c->dtype != SDPA_F32) { /* narrowed in place: the front half holds the values */
+        sdpa_convert(qf, SDPA_F32, q, c->dtype, nq), sdpa_convert(kf, SDPA_F32, k, c->dtype, nk);
+        sdpa_convert(vf, SDPA_F32, v, c->dtype, nk);
+    }
+    sdpa_tensor tq = sdpa_tensor_bshd(q, c->dtype, c->B, c->Sq, c->Hq, c->D);
+    sdpa_tensor tk = sdpa_tensor_bshd(k, c->dtype, c->B, c->Skv, c->Hkv, c->D);
+    sdpa_tensor tv = sdpa_tensor_bshd(v, c->dtype, c->B, c->Skv, c->Hkv, c->D);
+    float *want = malloc(sizeof(float) * nq), *want_lse = malloc(sizeof(float) * (size_t)(c->B * c->Hq * c->Sq));
+    sdpa_tensor tw = sdpa_tensor_bshd(want, SDPA_F32, c->B, c->Sq, c->Hq, c->D);
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = "ref", prm.causal = c->causal;
+    CHECK(sdpa_forward(ctx, &tq, &tk, &tv, &tw, want_lse, &prm) == SDPA_OK, "%s: ref: %s", what,
+          sdpa_last_error());
+    sdpa_mpi_shape shape = {c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D, c->dtype, c->causal};
+    sdpa_mpi_plan *plan;
+    sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, c->U, c->R, &shape, c->q_counts, NULL,
+                                          &plan);
+    CHECK(st == SDPA_OK, "%s: plan: %s", what, sdpa_mpi_last_error());
+    if (st != SDPA_OK)
+        goto done;
+    int64_t q0, qn, k0, kn;
+    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+    /* this rank's rows: views into the full inputs, no copies */
+    sdpa_tensor lq = tq, lk = tk, lv = tv;
+    lq.data = (char *)q + q0 * tq.stride[1] * (int64_t)es, lq.size[1] = qn;
+    lk.data = (char *)k + k0 * tk.stride[1] * (int64_t)es, lk.size[1] = kn;
+    lv.data = (char *)v + k0 * tv.stride[1] * (int64_t)es, lv.size[1] = kn;
+    void *out = malloc(oes * (size_t)(c->B * (qn ? qn : 1) * c->Hq * c->D));
+    float *lse = malloc(sizeof(float) * (size_t)(c->B * c->Hq * (qn ? qn : 1)));
+    sdpa_tensor lo = sdpa_tensor_bshd(out, c->out_dtype, c->B, qn ? qn : 1, c->Hq, c->D);
+    sdpa_params sp = SDPA_PARAMS_DEFAULT;
+    st = sdpa_mpi_forward(plan, ctx, qn ? &lq : NULL, kn ? &lk : NULL, kn ? &lv : NULL,
+                          qn ? &lo : NULL, lse, &sp);
+    CHECK(st == SDPA_OK, "%s: forward: %s", what, sdpa_mpi_last_error());
+    if (st == SDPA_OK) {
+        double worst = 0, worst_lse = 0;
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t i = 0; i < qn; i++)
+                for (int64_t h = 0; h < c->Hq; h++) {
+                    for (int64_t d = 0; d < c->D; d++) {
+                        const double g = get(out, c->out_dtype, (size_t)(((b * qn + i) * c->Hq + h) * c->D + d));
+                        const double w = want[((b * c->Sq + q0 + i) * c->Hq + h) * c->D + d];
+                        const double e = fabs(g - w);
+                        worst = e > worst || e != e ? (e != e ? INFINITY : e) : worst;
+                    }
+                    const double gl = lse[(b * c->Hq + h) * qn + i];
+                    const double wl = want_lse[(b * c->Hq + h) * c->Sq + q0 + i];
+                    const double e = isinf(gl) || isinf(wl) ? (gl == wl ? 0 : INFINITY) : fabs(gl - wl);
+                    worst_lse = e > worst_lse || e != e ? (e != e ? INFINITY : e) : worst_lse;
+                }
+        /* bf16 inputs go to a bf16-product kernel (P rounded to bf16: 2 x 2^-8) */
+        const double tol = c->out_dtype == SDPA_BF16 || c->dtype == SDPA_BF16 ? 8e-3 : 2e-5;
+        CHECK(worst <= tol && worst_lse <= 1e-4, "%s: rows %lld..%lld: |out - ref| %.3g, |lse - ref| %.3g",
+              what, (long long)q0, (long long)(q0 + qn), worst, worst_lse);
+    }
+    free(out), free(lse);
+    sdpa_mpi_plan_destroy(plan);
+done:
+    free(qf), free(kf), free(vf), free(want), free(want_lse);
+}
+
+static void refusals(sdpa_context *ctx)
+{
+    /* ranks disagree: rank 0 says Sq = 64, the others 65; all must fail */
+    sdpa_mpi_shape s = {1, rank == 0 ? 64 : 65, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_NONE};
+    sdpa_mpi_plan *plan = (sdpa_mpi_plan *)1;
+    sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size, &s, NULL, NULL, &plan);
+    if (size > 1)
+        CHECK(st == SDPA_INVALID_ARGUMENT && plan == NULL &&
+                  strstr(sdpa_mpi_last_error(), "ranks disagree on Sq (values 64 to 65)"),
+              "disagreeing ranks: %s", sdpa_mpi_last_error());
+    else if (st == SDPA_OK) /* one rank agrees with itself */
+        sdpa_mpi_plan_destroy(plan);
+    /* a ulysses degree that does not divide the heads */
+    sdpa_mpi_shape h3 = {1, 64, 64, 3, 3, 16, SDPA_F32, SDPA_CAUSAL_NONE};
+    if (size > 1 && 3 % size != 0) {
+        st = sdpa_mpi_plan_create(MPI_COMM_WORLD, size, 1, &h3, NULL, NULL, &plan);
+        CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_mpi_last_error(), "degrees that work"),
+              "bad degree: %s", sdpa_mpi_last_error());
+    }
+    st = sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size + 1, &h3, NULL, NULL, &plan);
+    CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_mpi_last_error(), "communicator's size"),
+          "grid larger than the communicator: %s", sdpa_mpi_last_error());
+    /* a wrong local size on one rank: every rank fails, the wrong one says why */
+    sdpa_mpi_shape ok = {1, 64, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_NONE};
+    if (sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size, &ok, NULL, NULL, &plan) == SDPA_OK) {
+        int64_t q0, qn;
+        sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+        static float buf[64 * 4 * 16], o[64 * 4 * 16];
+        const int64_t bad = rank == size - 1 ? qn + 1 : qn;
+        sdpa_tensor t = sdpa_tensor_bshd(buf, SDPA_F32, 1, bad, 4, 16);
+        sdpa_tensor to = sdpa_tensor_bshd(o, SDPA_F32, 1, qn, 4, 16);
+        st = sdpa_mpi_forward(plan, ctx, &t, &t, &t, &to, NULL, NULL);
+        CHECK(st == SDPA_INVALID_ARGUMENT, "a wrong local size: %d", (int)st);
+        if (rank == size - 1)
+            CHECK(strstr(sdpa_mpi_last_error(), "q->size[1]") != NULL, "names q: %s",
+                  sdpa_mpi_last_error());
+        sdpa_mpi_plan_destroy(plan);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int provided;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    uint64_t seed = (uint64_t)time(NULL) * 2654435761u;
+    const char *env = getenv("SDPA_TEST_SEED");
+    if (env)
+        seed = strtoull(env, NULL, 10);
+    MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("seed %llu (repeat with SDPA_TEST_SEED=%llu), %d ranks\n", (unsigned long long)seed,
+               (unsigned long long)seed, size);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.threads = 1, o.ignore_env = 1;
+    sdpa_context *ctx;
+    if (sdpa_context_create(&o, &ctx) != SDPA_OK)
+        return 1;
+    int grids[3][2], ng = 0;
+    grids[ng][0] = 1, grids[ng][1] = size, ng++; /* ring */
+    if (size > 1)
+        grids[ng][0] = size, grids[ng][1] = 1, ng++; /* Ulysses (12 heads: any size here) */
+    if (size == 4)
+        grids[ng][0] = 2, grids[ng][1] = 2, ng++; /* USP */
+    int64_t uneven[4] = {40, 0, 50, 11};
+    for (int g = 0; g < ng; g++) {
+        const int U = grids[g][0], R = grids[g][1];
+        for (int causal = 0; causal <= 2; causal++) {
+            rng = seed + (uint64_t)(g * 10 + causal);
+            /* GQA: 2 KV heads (split by 2, replicated by 4), 3 when ulysses is 3 */
+            const int64_t hkv = U == 3 ? 3 : 2;
+            spcase c = {U, R, 2, 101, 101, 12, hkv, 32, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
+                        NULL};
+            run_case(ctx, &c);
+            c.Sq = 50, c.Skv = 77, c.dtype = SDPA_BF16; /* cross; bf16 in */
+            run_case(ctx, &c);
+            c.Sq = 77, c.Skv = 50, c.dtype = SDPA_F32, c.out_dtype = SDPA_BF16, c.Hkv = 1; /* Sq > Skv */
+            run_case(ctx, &c);
+            if (size == 4) {
+                spcase e = {U, R, 1, 101, 101, 4, 4, 16, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
+                            uneven};
+                run_case(ctx, &e);
+            }
+        }
+    }
+    refusals(ctx);
+    sdpa_context_destroy(ctx);
+    int counts[2] = {passed, failed}, total[2];
+    MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+        printf("%d passed, %d failed, 0 skipped (all ranks)\n", total[0], total[1]);
+    MPI_Bcast(total, 2, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return total[1] ? 1 : 0;
+}
