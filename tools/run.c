@@ -11,6 +11,9 @@
 #include "npy.h"
 #include "output.h"
 #include "tool.h"
+#ifdef SDPA_HAVE_MPI
+#include "sp.h"
+#endif
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -128,9 +131,10 @@ int cmd_run(int argc, char **argv)
                      {"--causal", 1, NULL},     {"--scale", 1, NULL},
                      {"--dtype", 1, NULL},      {"--threads", 1, NULL},
                      {"--seq-len-q", 1, NULL},  {"--seq-len-kv", 1, NULL},
-                     {"--key-mask", 1, NULL},   {"--mask", 1, NULL}};
+                     {"--key-mask", 1, NULL},   {"--mask", 1, NULL},
+                     {"--sp", 1, NULL}};
     enum { Q, K, V, OUT, LSE, BACKEND, CAUSAL, SCALE, DTYPE, THREADS, LEN_Q, LEN_KV, KEYMASK,
-           MASK, NF };
+           MASK, SP, NF };
     static const char *const input_flag[3] = {"--q", "--k", "--v"};
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
@@ -151,15 +155,41 @@ int cmd_run(int argc, char **argv)
     if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
         return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
     p.backend = f[BACKEND].value;
+    if (f[SP].value && (f[LEN_Q].value || f[LEN_KV].value || f[KEYMASK].value || f[MASK].value))
+        return tool_usage_error("--sp takes no masks yet (--seq-len-q, --seq-len-kv, --key-mask, "
+                                "--mask); causal is fine");
+    int root = 1; /* the process that writes the outputs */
+#ifdef SDPA_HAVE_MPI
+    sp_session sp;
+    memset(&sp, 0, sizeof sp);
+    if (f[SP].value) {
+        if ((rc = sp_begin(f[SP].value, &sp)) != 0)
+            return rc;
+        root = sp.rank == 0;
+    }
+#else
+    if (f[SP].value)
+        return tool_usage_error("--sp: this sdpa was built without MPI (libsdpa_mpi); install "
+                                "an MPI (scripts/deps.sh) and rebuild");
+#endif
 
-    /* Bad output paths fail now, before any work. */
+    /* Bad output paths fail now, before any work (on the rank that writes). */
     npy_out res[2] = {{NULL, 4, {0}}, {NULL, 3, {0}}};
     tool_output outs[2] = {{"--out", f[OUT].value, write_npy, &res[0], "", 0, 0},
                            {"--lse", f[LSE].value, write_npy, &res[1], "", 0, 0}};
     const int n_outs = f[LSE].value ? 2 : 1;
     char err[640];
-    if (tool_outputs_resolve(outs, n_outs, err, sizeof err) != 0)
-        return tool_usage_error("%s", err);
+    int resolve_rc = root && tool_outputs_resolve(outs, n_outs, err, sizeof err) != 0
+                         ? tool_usage_error("%s", err)
+                         : 0;
+#ifdef SDPA_HAVE_MPI
+    if (sp.active && (resolve_rc = sp_agree(&sp, resolve_rc)) != 0) {
+        sp_end(&sp);
+        return resolve_rc;
+    }
+#endif
+    if (resolve_rc)
+        return resolve_rc;
 
     npy_array a[3], mk[2];
     memset(a, 0, sizeof a);
@@ -170,6 +200,9 @@ int cmd_run(int argc, char **argv)
     int32_t lens[2][MAX_LENS];
     sdpa_mask mask = SDPA_MASK_DEFAULT;
     sdpa_context *ctx = NULL;
+#ifdef SDPA_HAVE_MPI
+    int sp_agreed = 0;
+#endif
     rc = 1;
     for (int i = 0; i < 3; i++) {
         if (npy_read(f[Q + i].value, &a[i], err, sizeof err) != 0) {
@@ -217,6 +250,34 @@ int cmd_run(int argc, char **argv)
     if ((rc = tool_context(NULL, (int)threads, &ctx)) != 0)
         goto done;
     rc = 1;
+#ifdef SDPA_HAVE_MPI
+    if (sp.active) { /* every rank has its inputs: now the collective part */
+        sp_agreed = 1;
+        if ((rc = sp_agree(&sp, 0)) != 0)
+            goto done;
+        double s0 = tool_now_ms();
+        sdpa_status sst = sp_forward(&sp, ctx, &tq, &tk, &tv, root ? out : NULL,
+                                     root ? lse : NULL, &p);
+        double s1 = tool_now_ms();
+        if (sst != SDPA_OK) {
+            rc = sst == SDPA_INVALID_ARGUMENT ? 2 : 1;
+            goto done;
+        }
+        res[0].data = out;
+        memcpy(res[0].shape, qs, sizeof res[0].shape);
+        res[1].data = lse;
+        res[1].shape[0] = qs[0], res[1].shape[1] = qs[2], res[1].shape[2] = qs[1];
+        if (root && tool_outputs_write(outs, n_outs, err, sizeof err) != 0) {
+            fprintf(stderr, "sdpa: error: %s (no existing file was replaced)\n", err);
+            goto done;
+        }
+        if (root)
+            printf("sp %s over %d ranks (ulysses %d x ring %d)  dtype %s  %.3f ms\n",
+                   f[SP].value, sp.size, sp.ulysses, sp.ring, sdpa_dtype_name(dtype), s1 - s0);
+        rc = 0;
+        goto done;
+    }
+#endif
     double t0 = tool_now_ms();
     sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, lse, &p);
     double t1 = tool_now_ms();
@@ -239,6 +300,11 @@ int cmd_run(int argc, char **argv)
            (long long)ks[2], (long long)ks[3], t1 - t0);
     rc = 0;
 done:
+#ifdef SDPA_HAVE_MPI
+    if (sp.active && !sp_agreed) /* failed before the others' collective: release them */
+        sp_agree(&sp, rc ? rc : 1);
+    sp_end(&sp);
+#endif
     sdpa_context_destroy(ctx);
     for (int i = 0; i < 3; i++) {
         npy_free(&a[i]);

@@ -33,6 +33,8 @@ static const command commands[] = {
      "  --key-mask K.npy                float32 [B or 1, Skv], nonzero = attend\n"
      "  --mask M.npy                    float32 [B or 1, H or 1, Sq, Skv], added to the\n"
      "                                  scores (-inf hides a key)\n"
+     "  --sp ring|ulysses|usp:UxR       under mpirun: sequence-parallel over the ranks\n"
+     "                                  (every rank reads the inputs, rank 0 writes)\n"
      "Outputs are written all or nothing; a symbolic link is written through, a\n"
      "character device or FIFO in place.\n"},
     {"explain", cmd_explain, "the dispatcher's decision for a call, and why",

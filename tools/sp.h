@@ -1,0 +1,34 @@
+/*
+ * sp.h - `sdpa run --sp`: the call computed sequence-parallel over MPI
+ * (libsdpa_mpi), for tools built with MPI (SDPA_HAVE_MPI). Every rank reads
+ * the whole inputs; each computes its shard; rank 0 gathers the output and
+ * the LSE, so the result can be compared with the single-process run.
+ */
+#ifndef SDPA_TOOL_SP_H
+#define SDPA_TOOL_SP_H
+
+#include "sdpa.h"
+
+typedef struct sp_session {
+    int active, rank, size, ulysses, ring, inited_here;
+} sp_session;
+
+/* Parses ring | ulysses | usp:UxR, initialises MPI if the process has not.
+ * 0, or an exit code after printing the problem (before any collective). */
+int sp_begin(const char *spec, sp_session *s);
+
+/* Every rank's exit code made one (the largest), so no rank waits in a
+ * collective for one that gave up. */
+int sp_agree(const sp_session *s, int rc);
+
+/* The call over the ranks; on rank 0, out ([B, Sq, Hq, D] f32) and lse
+ * ([B, Hq, Sq], or NULL) receive the whole result. Prints, per rank, what
+ * it moved and how much of the time communication added. SDPA_OK or the
+ * status, with the message printed. */
+sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor *q,
+                       const sdpa_tensor *k, const sdpa_tensor *v, float *out, float *lse,
+                       const sdpa_params *p);
+
+void sp_end(sp_session *s);
+
+#endif
