@@ -51,7 +51,9 @@ static const command commands[] = {
      "  --backends a,b,...|all          default: the dispatcher's choice and peers\n"
      "  --dtype f32|f16|bf16  --causal ..  --reps N  --threads N\n"
      "  --json                          one JSON object per row\n"
-     "  --plot FILE.svg                 GFLOP/s per row and backend\n"},
+     "  --plot FILE.svg                 GFLOP/s per row and backend\n"
+     "  --sp ring|ulysses|usp:UxR       under mpirun: each row sequence-parallel; per rank\n"
+     "                                  time, compute, blocked time, bytes and overlap\n"},
     {"check", cmd_check, "numerics of every backend against the float64 reference",
      "  --suite FILE | --shape ..  --backends a,b|all  --dtype ..  --threads N\n"
      "  --budget GFLOP                  skip rows above this much work\n"

@@ -115,6 +115,108 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
     return st;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int sp_bench(const sp_session *s, sdpa_context *ctx, const char *const *names,
+             const sdpa_call_desc *rows, int n_rows, sdpa_dtype dtype, int reps)
+{
+    if (s->rank == 0)
+        printf("# sdpa bench --sp: ulysses %d x ring %d = %d ranks, dtype %s, %d reps (medians; "
+               "time blocked on messages the compute did not hide)\n"
+               "%-20s %4s %10s %10s %10s %12s %12s %8s %9s\n",
+               s->ulysses, s->ring, s->size, sdpa_dtype_name(dtype), reps, "row", "rank",
+               "total_ms", "compute_ms", "blocked_ms", "sent_B", "received_B", "overlap",
+               "GFLOP/s");
+    int rc = 0;
+    for (int r = 0; r < n_rows && rc == 0; r++) {
+        const sdpa_call_desc *d = &rows[r];
+        sdpa_mpi_shape shape = {d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D, dtype, d->causal};
+        sdpa_mpi_plan *plan;
+        if (sdpa_mpi_plan_create(MPI_COMM_WORLD, s->ulysses, s->ring, &shape, NULL, NULL,
+                                 &plan) != SDPA_OK) {
+            if (s->rank == 0)
+                fprintf(stderr, "sdpa: error: row %s: %s\n", names[r], sdpa_mpi_last_error());
+            rc = 2;
+            break;
+        }
+        int64_t q0, qn, k0, kn;
+        sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+        sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+        const size_t es = sdpa_dtype_size(dtype);
+        const size_t nq = (size_t)(d->B * (qn ? qn : 1) * d->Hq * d->D);
+        const size_t nk = (size_t)(d->B * (kn ? kn : 1) * d->Hkv * d->D);
+        float *qf = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nk * 4);
+        float *o = malloc(nq * 4), *l = malloc(sizeof(float) * (size_t)(d->B * d->Hq * (qn ? qn : 1)));
+        double *t = malloc(sizeof(double) * 3 * (size_t)reps);
+        int local = !qf || !kf || !vf || !o || !l || !t, any = 0;
+        MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        sdpa_mpi_stats ms = {0, 0, 0, 0, 0};
+        if (!any) {
+            uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(s->rank + 1);
+            float *in[3] = {qf, kf, vf};
+            const size_t n[3] = {nq, nk, nk};
+            for (int i = 0; i < 3; i++) {
+                for (size_t j = 0; j < n[i]; j++) {
+                    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                    in[i][j] = (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+                }
+                if (dtype != SDPA_F32)
+                    sdpa_convert(in[i], SDPA_F32, in[i], dtype, n[i]);
+            }
+            sdpa_tensor tq = sdpa_tensor_bshd(qf, dtype, d->B, qn ? qn : 1, d->Hq, d->D);
+            sdpa_tensor tk = sdpa_tensor_bshd(kf, dtype, d->B, kn ? kn : 1, d->Hkv, d->D);
+            sdpa_tensor tv = sdpa_tensor_bshd(vf, dtype, d->B, kn ? kn : 1, d->Hkv, d->D);
+            sdpa_tensor to = sdpa_tensor_bshd(o, SDPA_F32, d->B, qn ? qn : 1, d->Hq, d->D);
+            (void)es;
+            for (int i = -1; i < reps && rc == 0; i++) { /* -1: the warm-up */
+                if (sdpa_mpi_forward(plan, ctx, qn ? &tq : NULL, kn ? &tk : NULL,
+                                     kn ? &tv : NULL, qn ? &to : NULL, l, NULL) != SDPA_OK) {
+                    fprintf(stderr, "sdpa: error: rank %d, row %s: %s\n", s->rank, names[r],
+                            sdpa_mpi_last_error());
+                    rc = 1;
+                    break;
+                }
+                sdpa_mpi_last_stats(plan, &ms);
+                if (i >= 0)
+                    t[i] = ms.total_ms, t[reps + i] = ms.compute_ms, t[2 * reps + i] = ms.wait_ms;
+            }
+        } else {
+            rc = 1;
+        }
+        double mine[6] = {0}, *all = s->rank == 0 ? malloc(sizeof mine * (size_t)s->size) : NULL;
+        if (rc == 0) {
+            for (int k = 0; k < 3; k++) {
+                qsort(t + k * reps, (size_t)reps, sizeof *t, cmp_double);
+                mine[k] = t[k * reps + reps / 2];
+            }
+            mine[3] = (double)ms.bytes_sent, mine[4] = (double)ms.bytes_received;
+        }
+        MPI_Gather(mine, 6, MPI_DOUBLE, all, 6, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (s->rank == 0 && rc == 0) {
+            double slowest = 0;
+            for (int p = 0; p < s->size; p++)
+                slowest = all[6 * p] > slowest ? all[6 * p] : slowest;
+            const double flops = 4.0 * (double)(d->B * d->Hq * d->Sq * d->Skv * d->D) /
+                                 (d->causal && d->Sq == d->Skv ? 2 : 1);
+            for (int p = 0; p < s->size; p++) {
+                const double *m = all + 6 * p;
+                printf("%-20s %4d %10.3f %10.3f %10.3f %12.0f %12.0f %7.0f%% %9.2f\n", names[r],
+                       p, m[0], m[1], m[2], m[3], m[4], m[0] > 0 ? 100.0 * (1 - m[2] / m[0]) : 100.0,
+                       flops / (slowest * 1e6));
+            }
+            fflush(stdout);
+        }
+        free(all), free(qf), free(kf), free(vf), free(o), free(l), free(t);
+        sdpa_mpi_plan_destroy(plan);
+        rc = sp_agree(s, rc);
+    }
+    return rc;
+}
+
 void sp_end(sp_session *s)
 {
     if (s->active && s->inited_here) {

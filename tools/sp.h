@@ -29,6 +29,16 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
                        const sdpa_tensor *k, const sdpa_tensor *v, float *out, float *lse,
                        const sdpa_params *p);
 
+/*
+ * `sdpa bench --sp`: each row timed sequence-parallel, reps times after a
+ * warm-up, random local data (every rank its own shard). Rank 0 prints, per
+ * row and rank, the median time, its compute and blocked parts, bytes sent
+ * and received, the overlap (1 - blocked / total) and the row's GFLOP/s
+ * over all ranks. 0, or an exit code.
+ */
+int sp_bench(const sp_session *s, sdpa_context *ctx, const char *const *names,
+             const sdpa_call_desc *rows, int n_rows, sdpa_dtype dtype, int reps);
+
 void sp_end(sp_session *s);
 
 #endif

@@ -697,6 +697,12 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
             fin = np.isfinite(l1)
             check(np.abs(o1 - o2).max() <= 1e-5 and np.array_equal(fin, np.isfinite(l2)) and
                   np.abs(l1[fin] - l2[fin]).max() <= 1e-5, f"--sp {sp}: differs from one process")
+    r = subprocess.run([mpirun, "-n", "2", SDPA, "bench", "--sp", "usp:2x1", "--shape",
+                        "1,64,64,4,2,32", "--reps", "2", "--threads", "1"], capture_output=True,
+                       text=True, env=mpi_env, timeout=300)
+    lines = [l.split() for l in r.stdout.splitlines() if l.startswith("shape")]
+    check(r.returncode == 0 and len(lines) == 2 and {l[1] for l in lines} == {"0", "1"} and
+          all(l[7].endswith("%") for l in lines), f"bench --sp: {r.stdout} {r.stderr}")
     r = subprocess.run([mpirun, "-n", "3", SDPA, "run", *base, "--sp", "ulysses", "--out",
                         path("sp3.npy")], capture_output=True, text=True, env=mpi_env, timeout=300)
     check(r.returncode != 0 and "degrees that work" in r.stderr and not os.path.exists(path("sp3.npy")),
