@@ -78,6 +78,23 @@ sdpa_status sdpa_mpi_forward(sdpa_mpi_plan *plan, sdpa_context *ctx, const sdpa_
                              const sdpa_tensor *k, const sdpa_tensor *v, sdpa_tensor *out,
                              float *lse, const sdpa_params *params);
 
+/*
+ * Joint attention (FLUX, SD3, Qwen-Image: text tokens attended with the
+ * image): as sdpa_mpi_forward, and every query also attends k_joint,
+ * v_joint [B, T, Hkv, D], the same on every rank (replicated text tokens),
+ * counted exactly once: each rank computes them for its own rows (sliced by
+ * head under Ulysses), outside the ring, never sent. They are not subject
+ * to causal. The text tokens' own queries attend everything and are the
+ * caller's to compute (every rank holds them: one local call over the
+ * gathered K/V, or this function with the text as q). Cross-attention to
+ * replicated text K/V needs no communication: a local sdpa_forward of each
+ * rank's rows.
+ */
+sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *plan, sdpa_context *ctx, const sdpa_tensor *q,
+                                   const sdpa_tensor *k, const sdpa_tensor *v,
+                                   const sdpa_tensor *k_joint, const sdpa_tensor *v_joint,
+                                   sdpa_tensor *out, float *lse, const sdpa_params *params);
+
 /* The calling thread's message for the last failing sdpa_mpi_* call (""
  * after a success); the core's sdpa_last_error() is not touched. */
 const char *sdpa_mpi_last_error(void);

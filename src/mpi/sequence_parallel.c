@@ -516,6 +516,40 @@ sdpa_status sdpa_mpi_forward(sdpa_mpi_plan *p, sdpa_context *ctx, const sdpa_ten
                              const sdpa_tensor *k, const sdpa_tensor *v, sdpa_tensor *out,
                              float *lse, const sdpa_params *params)
 {
+    return sdpa_mpi_forward_joint(p, ctx, q, k, v, NULL, NULL, out, lse, params);
+}
+
+/* The replicated joint keys' checks: [B, T, Hkv, D] in the plan's dtype,
+ * both or neither. */
+static sdpa_status check_joint(const sdpa_mpi_plan *p, const sdpa_tensor *kj,
+                               const sdpa_tensor *vj)
+{
+    if (!kj && !vj)
+        return SDPA_OK;
+    if (!kj || !vj || !kj->data || !vj->data)
+        return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward_joint: k_joint and v_joint come "
+                    "together (one is NULL)");
+    const sdpa_tensor *t[2] = {kj, vj};
+    static const char *names[2] = {"k_joint", "v_joint"};
+    for (int i = 0; i < 2; i++) {
+        const int64_t want[4] = {p->s.B, kj->size[1], p->s.Hkv, p->s.D};
+        for (int d = 0; d < 4; d++)
+            if (t[i]->size[d] != want[d] || want[1] < 1)
+                return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward_joint: %s->size[%d] is %lld, "
+                            "expected %lld ([B, T >= 1, Hkv, D], T as in k_joint)", names[i], d,
+                            (long long)t[i]->size[d], (long long)want[d]);
+        if (t[i]->dtype != p->s.dtype || t[i]->device.kind != SDPA_DEVICE_CPU)
+            return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward_joint: %s must be CPU memory in "
+                        "the plan's dtype %s", names[i], sdpa_dtype_name(p->s.dtype));
+    }
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sdpa_tensor *q,
+                                   const sdpa_tensor *k, const sdpa_tensor *v,
+                                   const sdpa_tensor *k_joint, const sdpa_tensor *v_joint,
+                                   sdpa_tensor *out, float *lse, const sdpa_params *params)
+{
     last_error[0] = '\0';
     if (!p)
         return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: plan is NULL");
@@ -537,6 +571,8 @@ sdpa_status sdpa_mpi_forward(sdpa_mpi_plan *p, sdpa_context *ctx, const sdpa_ten
         st = check_local(p, v, "v", nkv, s->Hkv, 0);
     if (st == SDPA_OK)
         st = check_local(p, out, "out", nq, s->Hq, 1);
+    if (st == SDPA_OK)
+        st = check_joint(p, k_joint, v_joint);
     if ((st = agree(p->comm, st, p->rank)) != SDPA_OK)
         return st; /* every rank returns here together: nothing has moved */
 
@@ -607,6 +643,24 @@ sdpa_status sdpa_mpi_forward(sdpa_mpi_plan *p, sdpa_context *ctx, const sdpa_ten
         p->stats.wait_ms += now_ms() - t1;
         char *swap = cur;
         cur = next, next = swap;
+    }
+    if (st == SDPA_OK && k_joint && gq.n > 0) { /* the replicated keys, once, this member's heads */
+        const int64_t T = k_joint->size[1];
+        const int64_t h0 = p->kv_replicated ? p->u * s->Hkv / p->U : p->u * hk;
+        char *kj = malloc(row * (size_t)(s->B * T * hk)), *vj = malloc(row * (size_t)(s->B * T * hk));
+        const double t0 = now_ms();
+        if (!kj || !vj) {
+            st = fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward_joint: no memory for the joint keys");
+        } else {
+            pack(k_joint, 0, T, h0, hk, kj), pack(v_joint, 0, T, h0, hk, vj);
+            sdpa_mpi_shape flat = *s;
+            flat.causal = SDPA_CAUSAL_NONE; /* joint keys: visible to every query */
+            sdpa_mpi_plan view = *p;
+            view.s = flat;
+            st = one_block(ctx, &view, &gq, kj, vj, T, 0, hq, hk, &tacc, lacc, tmp, ltmp, prm);
+        }
+        p->stats.compute_ms += now_ms() - t0;
+        free(kj), free(vj);
     }
     if ((st = agree(p->comm, st, p->rank)) == SDPA_OK)
         st = scatter_result(p, &gq, acc, lacc, hq, out, lse);

@@ -142,6 +142,55 @@ done:
     free(qf), free(kf), free(vf), free(want), free(want_lse);
 }
 
+/* Joint attention: every query also attends T replicated text keys, passed
+ * apart (sdpa_mpi_forward_joint), against ref over [text; image] keys. */
+static void joint_case(sdpa_context *ctx, int U, int R)
+{
+    const int64_t B = 2, Sq = 61, Skv = 61, T = 13, Hq = 12, Hkv = U == 3 ? 3 : 2, D = 16;
+    char what[96];
+    snprintf(what, sizeof what, "joint P=%d U=%d R=%d T=%lld", size, U, R, (long long)T);
+    float *q = fill((size_t)(B * Sq * Hq * D));
+    float *k = fill((size_t)(B * (T + Skv) * Hkv * D)), *v = fill((size_t)(B * (T + Skv) * Hkv * D));
+    float *want = malloc(sizeof(float) * (size_t)(B * Sq * Hq * D));
+    sdpa_tensor tq = sdpa_tensor_bshd(q, SDPA_F32, B, Sq, Hq, D);
+    sdpa_tensor tk = sdpa_tensor_bshd(k, SDPA_F32, B, T + Skv, Hkv, D);
+    sdpa_tensor tv = sdpa_tensor_bshd(v, SDPA_F32, B, T + Skv, Hkv, D);
+    sdpa_tensor tw = sdpa_tensor_bshd(want, SDPA_F32, B, Sq, Hq, D);
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = "ref";
+    CHECK(sdpa_forward(ctx, &tq, &tk, &tv, &tw, NULL, &prm) == SDPA_OK, "%s: ref", what);
+    sdpa_mpi_shape shape = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_CAUSAL_NONE};
+    sdpa_mpi_plan *plan;
+    if (sdpa_mpi_plan_create(MPI_COMM_WORLD, U, R, &shape, NULL, NULL, &plan) != SDPA_OK) {
+        CHECK(0, "%s: plan: %s", what, sdpa_mpi_last_error());
+        return;
+    }
+    int64_t q0, qn, k0, kn;
+    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+    sdpa_tensor kj = tk, vj = tv, lq = tq, lk = tk, lv = tv; /* views: text rows, then image */
+    kj.size[1] = vj.size[1] = T;
+    lq.data = q + q0 * tq.stride[1], lq.size[1] = qn;
+    lk.data = k + (T + k0) * tk.stride[1], lk.size[1] = kn;
+    lv.data = v + (T + k0) * tv.stride[1], lv.size[1] = kn;
+    float *out = malloc(sizeof(float) * (size_t)(B * (qn ? qn : 1) * Hq * D));
+    sdpa_tensor lo = sdpa_tensor_bshd(out, SDPA_F32, B, qn ? qn : 1, Hq, D);
+    sdpa_status st = sdpa_mpi_forward_joint(plan, ctx, qn ? &lq : NULL, kn ? &lk : NULL,
+                                            kn ? &lv : NULL, &kj, &vj, qn ? &lo : NULL, NULL,
+                                            NULL);
+    CHECK(st == SDPA_OK, "%s: %s", what, sdpa_mpi_last_error());
+    double worst = 0;
+    for (int64_t b = 0; st == SDPA_OK && b < B; b++)
+        for (int64_t i = 0; i < qn; i++)
+            for (int64_t e = 0; e < Hq * D; e++) {
+                const double d = fabs(out[(b * qn + i) * Hq * D + e] - want[(b * Sq + q0 + i) * Hq * D + e]);
+                worst = d > worst || d != d ? (d != d ? INFINITY : d) : worst;
+            }
+    CHECK(worst <= 2e-5, "%s: |out - ref over text + image| %.3g", what, worst);
+    sdpa_mpi_plan_destroy(plan);
+    free(q), free(k), free(v), free(want), free(out);
+}
+
 static void refusals(sdpa_context *ctx)
 {
     /* ranks disagree: rank 0 says Sq = 64, the others 65; all must fail */
@@ -228,6 +277,8 @@ int main(int argc, char **argv)
             }
         }
     }
+    for (int g = 0; g < ng; g++)
+        joint_case(ctx, grids[g][0], grids[g][1]);
     refusals(ctx);
     sdpa_context_destroy(ctx);
     int counts[2] = {passed, failed}, total[2];
