@@ -39,6 +39,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef SDPA_HAVE_MPI
+#include "sp.h"
+
+/* `dit --sp`: the arm whose attention runs sequence-parallel over the
+ * ranks (each rank then holds the whole output: the rest of the model is
+ * replicated), and that arm's context. The tool is single-threaded. */
+static sp_session *dit_sp;
+static sdpa_context *dit_sp_ctx;
+#endif
 
 typedef struct dit_config {
     const char *name;
@@ -261,7 +270,13 @@ static sdpa_status attention(sdpa_layer *layer, const char *name, const float *x
     sdpa_tensor tv = sdpa_tensor_bshd(v, st->dtype, 1, Tkv, H, C / H);
     sdpa_tensor to = sdpa_tensor_bshd(o, SDPA_F32, 1, Tq, H, C / H);
     double t0 = tool_now_ms();
-    sdpa_status s = sdpa_layer_forward(layer, &tq, &tk, &tv, &to, NULL, NULL);
+    sdpa_status s;
+#ifdef SDPA_HAVE_MPI
+    if (dit_sp) /* sharded over the ranks, gathered on all of them */
+        s = sp_attention_all(dit_sp, dit_sp_ctx, &tq, &tk, &tv, o);
+    else
+#endif
+        s = sdpa_layer_forward(layer, &tq, &tk, &tv, &to, NULL, NULL);
     st->attn_ms += tool_now_ms() - t0;
     if (s != SDPA_OK)
         return s;
@@ -504,6 +519,9 @@ static int sample(const dit_config *cfg, uint64_t seed, int steps, int threads,
     sdpa_status st = sdpa_context_create(&o, &ctx);
     if (st != SDPA_OK)
         return tool_lib_error("dit: context", st);
+#ifdef SDPA_HAVE_MPI
+    dit_sp_ctx = ctx;
+#endif
     dit_session *s = NULL;
     int rc = dit_open(cfg->name, ctx, backend, dtype, seed, steps, &s);
     if (rc == 0) {
@@ -530,11 +548,31 @@ int cmd_dit(int argc, char **argv)
 {
     tool_flag f[] = {{"--config", 1, NULL}, {"--steps", 1, NULL},   {"--seed", 1, NULL},
                      {"--backends", 1, NULL}, {"--rules", 1, NULL}, {"--out", 1, NULL},
-                     {"--threads", 1, NULL}, {"--verbose", 0, NULL}, {"--attn-dtype", 1, NULL}};
-    enum { CONFIG, STEPS, SEED, BACKENDS, RULES, OUT, THREADS, VERBOSE, ATTN_DTYPE, NF };
+                     {"--threads", 1, NULL}, {"--verbose", 0, NULL}, {"--attn-dtype", 1, NULL},
+                     {"--sp", 1, NULL}};
+    enum { CONFIG, STEPS, SEED, BACKENDS, RULES, OUT, THREADS, VERBOSE, ATTN_DTYPE, SP, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
+    int root = 1; /* the process that prints and writes */
+#ifdef SDPA_HAVE_MPI
+    static sp_session sp;
+    if (f[SP].value) { /* two arms: one process, then the same run sharded */
+        if ((f[BACKENDS].value && strchr(f[BACKENDS].value, ',')) ||
+            (f[RULES].value && strchr(f[RULES].value, ',')) ||
+            (f[ATTN_DTYPE].value && strchr(f[ATTN_DTYPE].value, ',')))
+            return tool_usage_error("dit --sp compares one process with the sharded run: one "
+                                    "backend, rule file and dtype");
+        if ((rc = sp_begin(f[SP].value, &sp)) != 0)
+            return rc;
+        root = sp.rank == 0;
+        if (!root && !freopen("/dev/null", "w", stdout)) /* one report, rank 0's */
+            return tool_usage_error("dit: cannot silence rank %d", sp.rank);
+    }
+#else
+    if (f[SP].value)
+        return tool_usage_error("--sp: this sdpa was built without MPI (libsdpa_mpi)");
+#endif
     const dit_config *cfg = f[CONFIG].value ? dit_find_config(f[CONFIG].value) : &configs[0];
     if (!cfg)
         return tool_usage_error("--config '%s' unknown, expected image or video", f[CONFIG].value);
@@ -587,6 +625,8 @@ int cmd_dit(int argc, char **argv)
             n_arms = 2;
         }
     }
+    if (f[SP].value) /* arm b: the same backend, rules and dtype, sharded */
+        arms[1] = arms[0], dt[1] = dt[0], n_arms = 2;
     image im[2] = {{0, 0, NULL}, {0, 0, NULL}}, heat = {0, 0, NULL};
     /* The images (one per arm, and the difference for two), written all
      * or nothing at the end; bad paths fail before the sampling. */
@@ -602,20 +642,49 @@ int cmd_dit(int argc, char **argv)
             snprintf(paths[i], sizeof paths[i], "%s-diff.png", out);
         outs[i] = (tool_output){"--out", paths[i], write_png, pics[i], "", 0, 0};
     }
-    if (tool_outputs_resolve(outs, n_out, err, sizeof err) != 0)
+    int resolved = root ? tool_outputs_resolve(outs, n_out, err, sizeof err) : 0;
+#ifdef SDPA_HAVE_MPI
+    if (f[SP].value && sp_agree(&sp, resolved != 0) != 0) {
+        sp_end(&sp);
+        return root && resolved ? tool_usage_error("dit: %s", err) : 2;
+    }
+#endif
+    if (resolved != 0)
         return tool_usage_error("dit: %s", err);
     printf("# sdpa dit --config %s: %d frame(s) of %dx%dx%d latent, %d tokens + %d text, width "
            "%d, %d heads of %d, %d blocks, %lld Euler steps, seed %lld\n",
            cfg->name, cfg->frames, cfg->lat_h, cfg->lat_w, cfg->lat_c,
            cfg->frames * (cfg->lat_h / cfg->patch) * (cfg->lat_w / cfg->patch), cfg->txt_tokens,
            cfg->width, cfg->heads, cfg->width / cfg->heads, cfg->blocks, steps, seed);
-    for (int a = 0; a < n_arms && rc == 0; a++)
+    for (int a = 0; a < n_arms && rc == 0; a++) {
+#ifdef SDPA_HAVE_MPI
+        dit_sp = f[SP].value && a == 1 ? &sp : NULL;
+        if (f[SP].value && a == 1)
+            printf("# arm b: attention sequence-parallel, --sp %s over %d ranks\n", f[SP].value,
+                   sp.size);
+#endif
         rc = sample(cfg, (uint64_t)seed, (int)steps, (int)threads,
                     f[BACKENDS].value ? arms[a] : NULL, f[RULES].value ? arms[a] : NULL, dt[a],
                     &im[a], f[VERBOSE].value != NULL);
+    }
+#ifdef SDPA_HAVE_MPI
+    dit_sp = NULL;
+    if (f[SP].value) {
+        rc = sp_agree(&sp, rc);
+        if (rc == 0 && root) {
+            int worst = 0;
+            for (int i = 0; i < im[0].w * im[0].h * 3; i++) {
+                const int d = abs((int)im[0].rgb[i] - (int)im[1].rgb[i]);
+                worst = d > worst ? d : worst;
+            }
+            printf("one process vs --sp %s: max pixel difference %d of 255\n", f[SP].value,
+                   worst);
+        }
+    }
+#endif
     if (rc == 0 && n_arms == 2 && !image_diff_heatmap(&im[0], &im[1], &heat))
         rc = tool_usage_error("dit: out of memory");
-    if (rc == 0 && tool_outputs_write(outs, n_out, err, sizeof err) != 0)
+    if (rc == 0 && root && tool_outputs_write(outs, n_out, err, sizeof err) != 0)
         rc = tool_usage_error("dit: %s (no existing file was replaced)", err);
     for (int i = 0; i < n_out && rc == 0; i++)
         printf("wrote %s (%dx%d%s)\n", paths[i], pics[i]->w, pics[i]->h,
@@ -625,5 +694,9 @@ int cmd_dit(int argc, char **argv)
                image_ssim(&im[0], &im[1]), arms[0] ? arms[0] : "dispatcher",
                sdpa_dtype_name(dt[0]), arms[1] ? arms[1] : "dispatcher", sdpa_dtype_name(dt[1]));
     image_free(&im[0]), image_free(&im[1]), image_free(&heat);
+#ifdef SDPA_HAVE_MPI
+    if (f[SP].value)
+        sp_end(&sp);
+#endif
     return rc;
 }

@@ -69,7 +69,9 @@ static const command commands[] = {
      "  --config image|video  --steps K  --seed N  --threads N  --verbose\n"
      "  --backends A[,B] | --rules FA[,FB]   one arm, or two to compare\n"
      "  --attn-dtype f32|f16|bf16       dtype of the attention inputs\n"
-     "  --out PREFIX                    write PREFIX-a.png (and -b.png)\n"},
+     "  --out PREFIX                    write PREFIX-a.png (and -b.png)\n"
+     "  --sp ring|ulysses|usp:UxR       under mpirun: arm b runs the attention sharded;\n"
+     "                                  PSNR and max pixel difference against arm a\n"},
     {"info", cmd_info, "the platform, the kernel choice and every backend",
      "  --platform ..                   describe that machine instead\n"
      "  --json                          one JSON object (what libsdpa.info() returns)\n"},

@@ -217,8 +217,66 @@ int sp_bench(const sp_session *s, sdpa_context *ctx, const char *const *names,
     return rc;
 }
 
+sdpa_status sp_attention_all(sp_session *s, sdpa_context *ctx, const sdpa_tensor *q,
+                             const sdpa_tensor *k, const sdpa_tensor *v, float *out)
+{
+    const int64_t Sq = q->size[1], Skv = k->size[1], H = q->size[2], D = q->size[3];
+    const int64_t key[5] = {Sq, Skv, H, D, q->dtype};
+    int slot = -1;
+    for (int i = 0; i < 4 && slot < 0; i++)
+        if (s->plans[i] && memcmp(s->keys[i], key, sizeof key) == 0)
+            slot = i;
+    if (slot < 0) { /* same shapes in the same order on every rank: collective-safe */
+        for (int i = 0; i < 4 && slot < 0; i++)
+            if (!s->plans[i])
+                slot = i;
+        if (slot < 0)
+            sdpa_mpi_plan_destroy(s->plans[slot = 3]), s->plans[3] = NULL;
+        sdpa_mpi_shape shape = {1, Sq, Skv, H, k->size[2], D, q->dtype, SDPA_CAUSAL_NONE};
+        sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, s->ulysses, s->ring, &shape, NULL,
+                                              NULL, &s->plans[slot]);
+        if (st != SDPA_OK) {
+            fprintf(stderr, "sdpa: error: rank %d: %s\n", s->rank, sdpa_mpi_last_error());
+            return st;
+        }
+        memcpy(s->keys[slot], key, sizeof key);
+    }
+    sdpa_mpi_plan *plan = s->plans[slot];
+    int64_t q0, qn, k0, kn;
+    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+    const size_t es = sdpa_dtype_size(q->dtype);
+    sdpa_tensor lq = *q, lk = *k, lv = *v;
+    lq.data = (char *)q->data + q0 * q->stride[1] * (int64_t)es, lq.size[1] = qn;
+    lk.data = (char *)k->data + k0 * k->stride[1] * (int64_t)es, lk.size[1] = kn;
+    lv.data = (char *)v->data + k0 * v->stride[1] * (int64_t)es, lv.size[1] = kn;
+    /* this rank's rows straight into their place in out */
+    sdpa_tensor to = sdpa_tensor_bshd(out + q0 * H * D, SDPA_F32, 1, qn ? qn : 1, H, D);
+    sdpa_status st = sdpa_mpi_forward(plan, ctx, qn ? &lq : NULL, kn ? &lk : NULL,
+                                      kn ? &lv : NULL, qn ? &to : NULL, NULL, NULL);
+    if (st != SDPA_OK) {
+        fprintf(stderr, "sdpa: error: rank %d: %s\n", s->rank, sdpa_mpi_last_error());
+        return st;
+    }
+    int *counts = malloc(sizeof(int) * 2 * (size_t)s->size), *displs = counts ? counts + s->size
+                                                                                : NULL;
+    if (!counts)
+        return SDPA_OUT_OF_MEMORY;
+    for (int r = 0; r < s->size; r++) {
+        int64_t f, n;
+        sdpa_mpi_rows(plan, r, 0, &f, &n);
+        counts[r] = (int)(n * H * D), displs[r] = (int)(f * H * D);
+    }
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, out, counts, displs, MPI_FLOAT, MPI_COMM_WORLD);
+    free(counts);
+    return SDPA_OK;
+}
+
 void sp_end(sp_session *s)
 {
+    for (int i = 0; i < 4; i++)
+        if (s->plans[i])
+            sdpa_mpi_plan_destroy(s->plans[i]), s->plans[i] = NULL;
     if (s->active && s->inited_here) {
         int finalized = 0;
         MPI_Finalized(&finalized);

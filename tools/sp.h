@@ -9,8 +9,12 @@
 
 #include "sdpa.h"
 
+typedef struct sdpa_mpi_plan sdpa_mpi_plan;
+
 typedef struct sp_session {
     int active, rank, size, ulysses, ring, inited_here;
+    sdpa_mpi_plan *plans[4]; /* sp_attention_all's, by shape */
+    int64_t keys[4][5];
 } sp_session;
 
 /* Parses ring | ulysses | usp:UxR, initialises MPI if the process has not.
@@ -38,6 +42,14 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
  */
 int sp_bench(const sp_session *s, sdpa_context *ctx, const char *const *names,
              const sdpa_call_desc *rows, int n_rows, sdpa_dtype dtype, int reps);
+
+/*
+ * For `sdpa dit --sp`: the call over the ranks, and every rank receives the
+ * whole output ([1, Sq, H, D] f32, an allgather), so the rest of a
+ * replicated model runs on. Plans are kept per shape for the session.
+ */
+sdpa_status sp_attention_all(sp_session *s, sdpa_context *ctx, const sdpa_tensor *q,
+                             const sdpa_tensor *k, const sdpa_tensor *v, float *out);
 
 void sp_end(sp_session *s);
 

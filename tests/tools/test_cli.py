@@ -703,6 +703,12 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
     lines = [l.split() for l in r.stdout.splitlines() if l.startswith("shape")]
     check(r.returncode == 0 and len(lines) == 2 and {l[1] for l in lines} == {"0", "1"} and
           all(l[7].endswith("%") for l in lines), f"bench --sp: {r.stdout} {r.stderr}")
+    r = subprocess.run([mpirun, "-n", "2", SDPA, "dit", "--steps", "1", "--sp", "ulysses",
+                        "--threads", "1", "--out", path("ditsp")], capture_output=True, text=True,
+                       env=mpi_env, timeout=600)
+    check(r.returncode == 0 and "one process vs --sp ulysses: max pixel difference" in r.stdout and
+          r.stdout.count("max pixel difference") == 1 and os.path.exists(path("ditsp-b.png")),
+          f"dit --sp: {r.stdout} {r.stderr}")
     r = subprocess.run([mpirun, "-n", "3", SDPA, "run", *base, "--sp", "ulysses", "--out",
                         path("sp3.npy")], capture_output=True, text=True, env=mpi_env, timeout=300)
     check(r.returncode != 0 and "degrees that work" in r.stderr and not os.path.exists(path("sp3.npy")),
