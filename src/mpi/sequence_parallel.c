@@ -321,10 +321,10 @@ static sdpa_status gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, 
     for (int u = 0; u < p->U; u++)
         g->n += count[base + u];
     g->data = malloc(row * (size_t)(s->B * (g->n ? g->n : 1) * heads));
-    if (!g->data)
-        return fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the gathered rows");
     const int64_t mine = count[p->rank];
-    if (p->U == 1) {
+    if (p->U == 1) { /* no message: a local failure is agreed on before the ring */
+        if (!g->data)
+            return fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the gathered rows");
         if (mine)
             pack(x, 0, mine, 0, heads, g->data);
         return SDPA_OK;
@@ -334,9 +334,15 @@ static sdpa_status gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, 
     int64_t *sc = malloc(sizeof(int64_t) * 2 * (size_t)p->U), *rc = sc ? sc + p->U : NULL;
     char *sendbuf = malloc(row * (size_t)(s->B * (mine ? mine : 1) * heads * p->U));
     char *recvbuf = malloc(row * (size_t)(s->B * (g->n ? g->n : 1) * heads));
-    sdpa_status st = sc && sendbuf && recvbuf ? SDPA_OK
-                                              : fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: "
-                                                     "no memory for the all-to-all");
+    sdpa_status st = g->data && sc && sendbuf && recvbuf
+                         ? SDPA_OK
+                         : fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the "
+                                "all-to-all");
+    /* every rank, or none, goes on to the all-to-all */
+    if ((st = agree(p->comm, st, p->rank)) != SDPA_OK) {
+        free(sc), free(sendbuf), free(recvbuf);
+        return st;
+    }
     for (int u = 0; st == SDPA_OK && u < p->U; u++) {
         const int64_t h0 = kv && p->kv_replicated ? u * H / p->U : u * heads;
         if (mine)
@@ -448,11 +454,15 @@ static sdpa_status scatter_result(sdpa_mpi_plan *p, const gathered *q, const flo
                             sizeof(float) * (size_t)(s->B * hq * (q->n ? q->n : 1)));
     float *recvbuf = malloc(row * (size_t)(s->B * (mine ? mine : 1) * s->Hq) +
                             sizeof(float) * (size_t)(s->B * s->Hq * (mine ? mine : 1)));
-    if (!sc || !sendbuf || !recvbuf) {
+    sdpa_status st = sc && sendbuf && recvbuf
+                         ? SDPA_OK
+                         : fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the result");
+    if (p->U > 1) /* every rank, or none, goes on to the all-to-all */
+        st = agree(p->comm, st, p->rank);
+    if (st != SDPA_OK) {
         free(sc), free(sendbuf), free(recvbuf);
-        return fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the result");
+        return st;
     }
-    sdpa_status st = SDPA_OK;
     if (p->U == 1) {
         memcpy(recvbuf, acc, row * (size_t)(s->B * mine * hq));
         memcpy(recvbuf + s->B * mine * hq * D, lacc, sizeof(float) * (size_t)(s->B * hq * mine));
@@ -578,11 +588,13 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
 
     const int64_t hq = s->Hq / p->U, hk = p->kv_replicated ? 1 : s->Hkv / p->U;
     gathered gq = {0, 0, NULL}, gk = {0, 0, NULL}, gv = {0, 0, NULL};
+    /* a failure inside a gather with messages is agreed there (every rank
+     * stops at the same one); without messages (ulysses 1), before the ring */
     st = gather_group(p, q, 0, hq, &gq);
-    if (st == SDPA_OK)
-        st = gather_group(p, k, 1, hk, &gk);
-    if (st == SDPA_OK)
-        st = gather_group(p, v, 1, hk, &gv);
+    if (st == SDPA_OK || p->U == 1)
+        st = st == SDPA_OK ? gather_group(p, k, 1, hk, &gk) : st;
+    if (st == SDPA_OK || p->U == 1)
+        st = st == SDPA_OK ? gather_group(p, v, 1, hk, &gv) : st;
     /* the ring: blocks of the R groups' K/V */
     const size_t row = esize(s->dtype) * (size_t)s->D;
     int64_t max_nk = 0;
@@ -599,6 +611,12 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     float *lacc = malloc(acc_n * sizeof(float)), *ltmp = malloc(acc_n * sizeof(float));
     if (st == SDPA_OK && (!cur || !next || !acc || !tmp || !lacc || !ltmp))
         st = fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the ring");
+    if ((st = agree(p->comm, st, p->rank)) != SDPA_OK) { /* together, before any ring message */
+        free(gq.data), free(gk.data), free(gv.data);
+        free(cur), free(next), free(acc), free(tmp), free(lacc), free(ltmp);
+        p->stats.total_ms = now_ms() - t_start;
+        return st;
+    }
     if (st == SDPA_OK) {
         for (size_t i = 0; i < acc_n; i++)
             lacc[i] = -INFINITY; /* nothing seen yet */
