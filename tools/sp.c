@@ -36,6 +36,21 @@ int sp_begin(const char *spec, sp_session *s)
     return 0;
 }
 
+/* This rank's rows of the whole q, k and v, as views (no copies). */
+static void local_views(const sdpa_mpi_plan *plan, const sdpa_tensor *q, const sdpa_tensor *k,
+                        const sdpa_tensor *v, sdpa_tensor *lq, sdpa_tensor *lk, sdpa_tensor *lv,
+                        int64_t *q0, int64_t *qn, int64_t *kn)
+{
+    int64_t k0;
+    sdpa_mpi_rows(plan, -1, 0, q0, qn);
+    sdpa_mpi_rows(plan, -1, 1, &k0, kn);
+    const int64_t es = (int64_t)sdpa_dtype_size(q->dtype);
+    *lq = *q, *lk = *k, *lv = *v;
+    lq->data = (char *)q->data + *q0 * q->stride[1] * es, lq->size[1] = *qn;
+    lk->data = (char *)k->data + k0 * k->stride[1] * es, lk->size[1] = *kn;
+    lv->data = (char *)v->data + k0 * v->stride[1] * es, lv->size[1] = *kn;
+}
+
 int sp_agree(const sp_session *s, int rc)
 {
     int all = rc;
@@ -58,14 +73,9 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
             fprintf(stderr, "sdpa: error: %s\n", sdpa_mpi_last_error());
         return st;
     }
-    int64_t q0, qn, k0, kn;
-    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
-    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
-    const size_t es = sdpa_dtype_size(q->dtype);
-    sdpa_tensor lq = *q, lk = *k, lv = *v; /* this rank's rows of the whole inputs */
-    lq.data = (char *)q->data + q0 * q->stride[1] * (int64_t)es, lq.size[1] = qn;
-    lk.data = (char *)k->data + k0 * k->stride[1] * (int64_t)es, lk.size[1] = kn;
-    lv.data = (char *)v->data + k0 * v->stride[1] * (int64_t)es, lv.size[1] = kn;
+    int64_t q0, qn, kn;
+    sdpa_tensor lq, lk, lv;
+    local_views(plan, q, k, v, &lq, &lk, &lv, &q0, &qn, &kn);
     float *lo = malloc(sizeof(float) * (size_t)(B * (qn ? qn : 1) * Hq * D));
     float *ll = malloc(sizeof(float) * (size_t)(B * Hq * (qn ? qn : 1)));
     sdpa_tensor to = sdpa_tensor_bshd(lo, SDPA_F32, B, qn ? qn : 1, Hq, D);
@@ -242,14 +252,9 @@ sdpa_status sp_attention_all(sp_session *s, sdpa_context *ctx, const sdpa_tensor
         memcpy(s->keys[slot], key, sizeof key);
     }
     sdpa_mpi_plan *plan = s->plans[slot];
-    int64_t q0, qn, k0, kn;
-    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
-    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
-    const size_t es = sdpa_dtype_size(q->dtype);
-    sdpa_tensor lq = *q, lk = *k, lv = *v;
-    lq.data = (char *)q->data + q0 * q->stride[1] * (int64_t)es, lq.size[1] = qn;
-    lk.data = (char *)k->data + k0 * k->stride[1] * (int64_t)es, lk.size[1] = kn;
-    lv.data = (char *)v->data + k0 * v->stride[1] * (int64_t)es, lv.size[1] = kn;
+    int64_t q0, qn, kn;
+    sdpa_tensor lq, lk, lv;
+    local_views(plan, q, k, v, &lq, &lk, &lv, &q0, &qn, &kn);
     /* this rank's rows straight into their place in out */
     sdpa_tensor to = sdpa_tensor_bshd(out + q0 * H * D, SDPA_F32, 1, qn ? qn : 1, H, D);
     sdpa_status st = sdpa_mpi_forward(plan, ctx, qn ? &lq : NULL, kn ? &lk : NULL,

@@ -154,16 +154,15 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
             if (b.dtypes & (1u << t))
                 sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", sdpa_dtype_name((sdpa_dtype)t));
         sdpa__sb_printf(sb, "],\"masks\":[");
-        static const struct {
-            unsigned bit;
-            const char *name;
-        } kinds[] = {{SDPA_MASK_KIND_SEQ_LEN, "seq_len"},
-                     {SDPA_MASK_KIND_KEY, "key"},
-                     {SDPA_MASK_KIND_GENERAL, "general"}};
+        static const unsigned kinds[] = {SDPA_MASK_KIND_SEQ_LEN, SDPA_MASK_KIND_KEY,
+                                         SDPA_MASK_KIND_GENERAL};
         n = 0;
         for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
-            if (b.masks & kinds[k].bit)
-                sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", kinds[k].name);
+            if (b.masks & kinds[k]) { /* the names are the core's (sdpa__mask_kinds_name) */
+                char name[16];
+                sdpa__mask_kinds_name(kinds[k], name, sizeof name);
+                sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", name);
+            }
         sdpa__sb_printf(sb,
                         "],\"head_dim_min\":%d,\"head_dim_max\":%d,\"head_dim_multiple\":%d,"
                         "\"gqa\":%s,\"cross\":%s,\"causal_top_left\":%s,"
