@@ -82,6 +82,22 @@ static inline void sdpa__store_row(void *dst, sdpa_dtype t, int64_t stride, int6
             sdpa__store_f32(dst, t, j * stride, 0.0f);
         return;
     }
+    if (stride == 1) { /* loops per dtype, which the compiler vectorises */
+        switch (t) {
+        case SDPA_F32:
+            for (int64_t j = 0; j < n; j++)
+                ((float *)dst)[j] = src[j] * mul;
+            return;
+        case SDPA_F16:
+            for (int64_t j = 0; j < n; j++)
+                ((uint16_t *)dst)[j] = sdpa__f32_to_f16(src[j] * mul);
+            return;
+        case SDPA_BF16:
+            for (int64_t j = 0; j < n; j++)
+                ((uint16_t *)dst)[j] = sdpa__f32_to_bf16(src[j] * mul);
+            return;
+        }
+    }
     for (int64_t j = 0; j < n; j++)
         sdpa__store_f32(dst, t, j * stride, src[j] * mul);
 }

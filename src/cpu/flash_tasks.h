@@ -36,16 +36,16 @@ static inline int flash_groups_heads(const sdpa_call *c, int bq)
            !(c->mask && c->mask->general);
 }
 
-/* Share each packed K/V block among up to 4 query blocks of bq rows, but
- * keep at least 4 tasks per thread so that odd shapes still balance.
- * grouped: cut by KV head (flash_groups_heads). */
+/* Share each packed K/V block among up to max_qb query blocks of bq rows
+ * (a power of two), but keep at least 4 tasks per thread so that odd
+ * shapes still balance. grouped: cut by KV head (flash_groups_heads). */
 static inline flash_split flash_split_make(const sdpa_call_desc *d, int bq, int threads,
-                                           int grouped)
+                                           int grouped, int max_qb)
 {
     const int group = grouped ? (int)(d->Hq / d->Hkv) : 1;
     flash_split s = {1, (group * d->Sq + bq - 1) / bq, 0, group, group * d->Sq};
     const int64_t heads = d->B * d->Hq / group;
-    while (s.qb_per_task < 4 &&
+    while (s.qb_per_task < max_qb &&
            heads * ((s.n_qblocks + 2 * s.qb_per_task - 1) / (2 * s.qb_per_task)) >=
                4 * (int64_t)threads)
         s.qb_per_task *= 2;

@@ -74,6 +74,7 @@ typedef struct workspace {
     float *st;    /* [BK][BQ] S^T, then P^T */
     float *k, *v; /* [BK][D]  */
     float *row;   /* [D] scratch */
+    float *tr;    /* [VL][d_padded(D)] rows on their way to or from a transpose */
     int64_t *keys; /* [Skv] visible keys under a key mask, else NULL */
 } workspace;
 
@@ -135,31 +136,76 @@ static void gemm_rows(int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t 
     }
 }
 
-/* Rows i0 .. i0 + rows of the task's row space (flash_row). */
+/*
+ * dst[c * ldd + r] = src[r * lds + c] for r < VL and c < nc (nc <= VL): a
+ * VL x VL block of 32-bit words whose destination may have fewer than VL
+ * rows (the last head-dim rows of Q^T when D is not a multiple of VL).
+ */
+static inline void transpose_to(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                                int64_t nc)
+{
+    if (nc >= VL) {
+        V_TRANSPOSE(dst, ldd, src, lds);
+        return;
+    }
+    float t[VL * VL];
+    V_TRANSPOSE(t, VL, src, lds);
+    for (int c = 0; c < nc; c++)
+        V_STORE(dst + c * ldd, V_LOAD(t + c * VL));
+}
+
+/* Words per row of a transposed tile: D floats, or (D + 1) / 2 bf16 pairs,
+ * and that rounded up to whole VL x VL blocks (tr's row length). */
+static inline int64_t tile_words(int64_t D)
+{
+#ifdef TILED_PAIRS
+    return (D + 1) / 2;
+#else
+    return D;
+#endif
+}
+static inline int64_t tile_words_padded(int64_t D) { return (tile_words(D) + VL - 1) / VL * VL; }
+/* D rounded up to whole VL x VL blocks: the row length of w->tr. */
+static inline int64_t d_padded(int64_t D) { return (D + VL - 1) / VL * VL; }
+
+/*
+ * Rows i0 .. i0 + rows of the task's row space (flash_row) into Q^T: VL
+ * rows at a time are converted into w->tr (one row of tile_words_padded
+ * words each, zero padded), then moved VL x VL block by block
+ * (V_TRANSPOSE). Lanes past `rows` are zeros.
+ */
 static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
                    const flash_task *tk, int64_t i0, int rows)
 {
     const sdpa_tensor *q = c->q;
-    const int64_t D = c->desc.D;
-    memset(qb->qt, 0, sizeof(float) * (size_t)D * BQ);
-    for (int r = 0; r < rows; r++) {
-        int64_t h, qi;
-        flash_row(tk, i0 + r, &h, &qi);
-        const void *src = sdpa__elem(q, sdpa__offset(q, tk->b, qi, h, 0));
+    const int64_t D = c->desc.D, words = tile_words(D), ld = tile_words_padded(D);
+    for (int r0 = 0; r0 < BQ; r0 += VL) {
+        if (r0 >= rows) { /* a block of padding lanes */
+            for (int64_t i = 0; i < words; i++)
+                V_STORE(qb->qt + i * BQ + r0, V_ZERO());
+            continue;
+        }
+        for (int r = 0; r < VL; r++) {
+            float *dst = w->tr + r * ld;
+            if (r0 + r >= rows) {
+                memset(dst, 0, sizeof(float) * (size_t)ld);
+                continue;
+            }
+            int64_t h, qi;
+            flash_row(tk, i0 + r0 + r, &h, &qi);
+            const void *src = sdpa__elem(q, sdpa__offset(q, tk->b, qi, h, 0));
 #ifdef TILED_PAIRS
-        uint16_t *row = (uint16_t *)w->row;
-        row[D] = 0; /* the pad of an odd D */
-        sdpa__load_row_bf16(src, q->dtype, q->stride[3], D, row);
-        uint32_t *qt = (uint32_t *)qb->qt;
-        for (int64_t i = 0; i < (D + 1) / 2; i++)
-            qt[i * BQ + r] = (uint32_t)row[2 * i] | (uint32_t)row[2 * i + 1] << 16;
+            uint16_t *row = (uint16_t *)dst;
+            sdpa__load_row_bf16(src, q->dtype, q->stride[3], D, row);
+            memset(row + D, 0, sizeof *row * (size_t)(2 * ld - D)); /* pads: odd D, last block */
 #else
-        sdpa__load_row(src, q->dtype, q->stride[3], D, (float)c->scale, w->row);
-        for (int64_t d = 0; d < D; d++)
-            qb->qt[d * BQ + r] = w->row[d];
+            sdpa__load_row(src, q->dtype, q->stride[3], D, (float)c->scale, dst);
+            memset(dst + D, 0, sizeof *dst * (size_t)(ld - D));
 #endif
+        }
+        for (int64_t i = 0; i < words; i += VL)
+            transpose_to(qb->qt + i * BQ + r0, BQ, w->tr + i, ld, words - i);
     }
-    memset(qb->ot, 0, sizeof(float) * (size_t)D * BQ);
     for (int r = 0; r < BQ; r++)
         qb->m[r] = -INFINITY, qb->l[r] = 0.0f;
 }
@@ -281,76 +327,133 @@ static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
     }
 }
 
-/* Queries at or past len_q are padding (sdpa.h): zeros and LSE -inf, l = 0. */
+/* Transposes nr <= VL rows of VL words (the rest zeros) to dst, which has
+ * VL full rows: O^T's last head-dim rows when D is not a multiple of VL. */
+static inline void transpose_from(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
+                                  int64_t nr)
+{
+    if (nr >= VL) {
+        V_TRANSPOSE(dst, ldd, src, lds);
+        return;
+    }
+    float t[VL * VL];
+    for (int r = 0; r < VL; r++)
+        V_STORE(t + r * VL, r < nr ? V_LOAD(src + r * lds) : V_ZERO());
+    V_TRANSPOSE(dst, ldd, t, VL);
+}
+
+/* O^T back to rows, VL queries at a time through w->tr (rows of
+ * d_padded(D) floats). Queries at or past len_q are padding (sdpa.h):
+ * zeros and LSE -inf, l = 0. */
 static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb,
                       const flash_task *tk, int64_t i0, int rows)
 {
-    for (int r = 0; r < rows; r++) {
-        int64_t h, i;
-        flash_row(tk, i0 + r, &h, &i);
-        for (int64_t e = 0; e < c->desc.D; e++) /* O^T column -> row */
-            w->row[e] = qb->ot[e * BQ + r];
-        sdpa__store_result(c, tk->b, i, h, w->row, qb->m[r], i < tk->len_q ? qb->l[r] : 0.0f, 0);
+    const int64_t D = c->desc.D, ld = d_padded(D);
+    for (int r0 = 0; r0 < rows; r0 += VL) {
+        for (int64_t d0 = 0; d0 < D; d0 += VL)
+            transpose_from(w->tr + d0, ld, qb->ot + d0 * BQ + r0, BQ, D - d0);
+        const int n = rows - r0 < VL ? rows - r0 : VL;
+        for (int r = 0; r < n; r++) {
+            int64_t h, i;
+            flash_row(tk, i0 + r0 + r, &h, &i);
+            sdpa__store_result(c, tk->b, i, h, w->tr + r * ld, qb->m[r0 + r],
+                               i < tk->len_q ? qb->l[r0 + r] : 0.0f, 0);
+        }
     }
 }
 
+/* K and V rows of keys p0 .. p0 + bk (flash_key) into w->k, w->v. */
+static void load_kv(const sdpa_call *c, const workspace *w, const flash_task *tk,
+                    const int64_t *keys, int64_t p0, int bk)
+{
+#ifdef TILED_PAIRS
+    load_kv_pairs(c, w, tk, keys, p0, bk);
+#else
+    const sdpa_tensor *k = c->k, *v = c->v;
+    const int64_t D = c->desc.D;
+    for (int j = 0; j < bk; j++) {
+        const int64_t kj = flash_key(keys, p0 + j);
+        sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk->b, kj, tk->hk, 0)), k->dtype,
+                       k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
+        sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk->b, kj, tk->hk, 0)), v->dtype,
+                       v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
+    }
+#endif
+}
+
+/* S^T [bk][BQ] = K . Q^T over the packed keys, in scaled units. */
+static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int bk)
+{
+    const int64_t D = c->desc.D;
+#ifdef TILED_PAIRS
+    const int Dh = (int)(D + 1) / 2;
+    gemm_rows(bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
+    scale_tile(w->st, bk, (float)c->scale);
+#else
+    gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
+#endif
+}
+
+/* O^T (+)= V^T . P^T over the packed keys (P^T in w->st, fp32). */
+static void values(const sdpa_call *c, const workspace *w, const qblock *qb, int bk,
+                   int accumulate)
+{
+    const int64_t D = c->desc.D;
+#ifdef TILED_PAIRS
+    pack_p_pairs(w->st, bk);
+    gemm_rows((int)D, (bk + 1) / 2, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot,
+              accumulate);
+#else
+    gemm_rows((int)D, bk, w->v, 1, D, w->st, qb->ot, accumulate);
+#endif
+}
+
+/* Causal and general masks on the S^T tile of keys p0 .. p0 + bk. */
+static void mask_scores(const sdpa_call *c, const workspace *w, const flash_task *tk,
+                        const int64_t *keys, int64_t p0, int bk, int64_t i0)
+{
+    const sdpa_mask *mk = c->mask;
+    if (tk->causal && flash_key(keys, p0 + bk - 1) > i0 + tk->offset)
+        mask_tile(w->st, bk, keys, p0, i0, tk->offset);
+    if (mk && mk->general)
+        mask_tile_general(w->st, bk, keys, p0, i0, flash_block_rows(c->desc.Sq, i0, BQ), mk,
+                          tk->b, tk->h); /* never grouped: flash_groups_heads */
+}
+
+/*
+ * Long key ranges: the task's query blocks stay resident (Q^T, O^T, m, l)
+ * while K/V blocks of BK keys stream past once, online softmax.
+ */
 static void task_fn(void *arg, int64_t task, int worker)
 {
     const job *jb = arg;
     const sdpa_call *c = jb->c;
-    const sdpa_call_desc *d = &c->desc;
     const workspace *w = &jb->ws[worker];
     const flash_task tk = flash_task_make(c, &jb->split, BQ, task);
-    const int64_t D = d->D;
+    const int64_t D = c->desc.D;
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
         load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
+        memset(w->qb[q].ot, 0, sizeof(float) * (size_t)D * BQ);
     }
     /* Masks (sdpa.h): flash_task_make bounded the keys by the real
      * lengths, a key mask leaves only the visible keys to pack (keys[p] is
      * the p-th), a general mask is read per tile. */
-    const sdpa_mask *mk = c->mask;
     const int64_t nk = flash_task_keys(c, &tk, w->keys);
-    const int64_t *keys = mk && mk->key ? w->keys : NULL;
+    const int64_t *keys = c->mask && c->mask->key ? w->keys : NULL;
     for (int64_t p0 = 0; p0 < nk; p0 += BK) {
         const int bk = (int)(nk - p0 < BK ? nk - p0 : BK);
-        const int64_t k_first = flash_key(keys, p0), k_last = flash_key(keys, p0 + bk - 1);
-#ifdef TILED_PAIRS
-        load_kv_pairs(c, w, &tk, keys, p0, bk);
-        const int Dh = (int)(D + 1) / 2, bkh = (bk + 1) / 2; /* pairs */
-#else
-        const sdpa_tensor *k = c->k, *v = c->v;
-        for (int j = 0; j < bk; j++) {
-            const int64_t kj = flash_key(keys, p0 + j);
-            sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk.b, kj, tk.hk, 0)), k->dtype,
-                           k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
-            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk.b, kj, tk.hk, 0)), v->dtype,
-                           v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
-        }
-#endif
+        const int64_t k_first = flash_key(keys, p0);
+        load_kv(c, w, &tk, keys, p0, bk);
         for (int q = 0; q < tk.nqb; q++) {
             const qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             if (tk.causal && k_first > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
-#ifdef TILED_PAIRS
-            gemm_rows(bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
-            scale_tile(w->st, bk, (float)c->scale);
-#else
-            gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
-#endif
-            if (tk.causal && k_last > i0 + tk.offset)
-                mask_tile(w->st, bk, keys, p0, i0, tk.offset);
-            if (mk && mk->general)
-                mask_tile_general(w->st, bk, keys, p0, i0, flash_block_rows(d->Sq, i0, BQ), mk,
-                                  tk.b, tk.h); /* never grouped: flash_groups_heads */
+            scores(c, w, qb, bk);
+            mask_scores(c, w, &tk, keys, p0, bk, i0);
             softmax_tile(w->st, bk, qb, D);
-#ifdef TILED_PAIRS
-            pack_p_pairs(w->st, bk);
-            gemm_rows((int)D, bkh, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot, 1);
-#else
-            gemm_rows((int)D, bk, w->v, 1, D, w->st, qb->ot, 1);
-#endif
+            values(c, w, qb, bk, 1);
         }
     }
     for (int q = 0; q < tk.nqb; q++) {
@@ -359,24 +462,122 @@ static void task_fn(void *arg, int64_t task, int worker)
     }
 }
 
+/* Softmax over all the keys at once (short path): m = row max, P^T =
+ * exp(S^T - m) in place, l = sum. A query that saw no key keeps m = -inf
+ * and l = 0 (exp(-inf - 0) = 0), stored as zeros. */
+static void softmax_full(float *st, int bk, const qblock *qb)
+{
+    for (int v = 0; v < QV; v++) {
+        vec mx = V_SET1(-INFINITY);
+        for (int j = 0; j < bk; j++)
+            mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+        float mb[VL];
+        V_STORE(qb->m + v * VL, mx);
+        V_STORE(mb, mx);
+        for (int i = 0; i < VL; i++)
+            mb[i] = mb[i] == -INFINITY ? 0.0f : -mb[i];
+        const vec neg = V_LOAD(mb);
+        vec sum = V_ZERO();
+        for (int j = 0; j < bk; j++) {
+            float *p = st + (ptrdiff_t)j * BQ + v * VL;
+            const vec e = V_EXP(V_ADD(V_LOAD(p), neg));
+            V_STORE(p, e);
+            sum = V_ADD(sum, e);
+        }
+        V_STORE(qb->l + v * VL, sum);
+    }
+}
+
+/* Touches the cache lines of rows i0 .. i0 + rows of t (Q to read, or the
+ * output with write intent) ahead of their use: a row space of one head
+ * strides Hq D elements per row, which the hardware prefetchers follow
+ * poorly, and a short-key block computes too little to hide the misses. */
+static void prefetch_rows(const sdpa_tensor *t, const flash_task *tk, int64_t i0, int rows,
+                          int64_t D, int write)
+{
+    if (t->stride[3] != 1)
+        return; /* strided head dim: left to the hardware */
+    const int64_t bytes = D * (int64_t)sdpa_dtype_size(t->dtype);
+    for (int r = 0; r < rows; r++) {
+        int64_t h, i;
+        flash_row(tk, i0 + r, &h, &i);
+        const char *p = sdpa__elem(t, sdpa__offset(t, tk->b, i, h, 0));
+        for (int64_t o = 0; o < bytes; o += 64) {
+            if (write)
+                __builtin_prefetch(p + o, 1, 3);
+            else
+                __builtin_prefetch(p + o, 0, 3);
+        }
+    }
+}
+
+/*
+ * Short key ranges (all of K and V fit in cache, SHORT_KEYS): K/V are
+ * packed once per task, and each of its many query blocks runs the whole
+ * key range in one piece: scores, one softmax with no running rescale,
+ * O^T = V^T P^T written (not accumulated), stored.
+ */
+static void task_short_fn(void *arg, int64_t task, int worker)
+{
+    const job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const workspace *w = &jb->ws[worker];
+    const flash_task tk = flash_task_make(c, &jb->split, BQ, task);
+    const int64_t nk = flash_task_keys(c, &tk, w->keys);
+    const int64_t *keys = c->mask && c->mask->key ? w->keys : NULL;
+    const qblock *qb = &w->qb[0];
+    if (nk > 0)
+        load_kv(c, w, &tk, keys, 0, (int)nk);
+    for (int q = 0; q < tk.nqb; q++) {
+        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+        const int rows = flash_block_rows(jb->split.rows, i0, BQ);
+        load_q(c, w, qb, &tk, i0, rows);
+        /* the next block's Q is fetched during this block's scores, this
+         * block's output rows during its softmax and values */
+        if (q + 1 < tk.nqb)
+            prefetch_rows(c->q, &tk, i0 + BQ, flash_block_rows(jb->split.rows, i0 + BQ, BQ),
+                          c->desc.D, 0);
+        if (nk > 0) {
+            scores(c, w, qb, (int)nk);
+            prefetch_rows(c->out, &tk, i0, rows, c->desc.D, 1);
+            mask_scores(c, w, &tk, keys, 0, (int)nk, i0);
+            softmax_full(w->st, (int)nk, qb);
+            values(c, w, qb, (int)nk, 0);
+        } else {
+            memset(qb->ot, 0, sizeof(float) * (size_t)c->desc.D * BQ);
+        }
+        store_out(c, w, qb, &tk, i0, rows);
+    }
+}
+
+/* Keys up to which the short path runs: K and V packed (2 Skv D floats)
+ * and S^T (Skv x BQ) stay within L2 at D <= 128. */
+#define SHORT_KEYS 512
+static int short_keys(const sdpa_call_desc *d) { return d->Skv <= SHORT_KEYS && d->Skv * d->D <= SHORT_KEYS * 128; }
+
 static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
     const int64_t D = d->D;
-    job jb = {c, flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ)), NULL};
+    const int is_short = short_keys(d);
+    const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
+    job jb = {c, flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ), is_short ? 64 : 4),
+              NULL};
+    const int qbs_kept = is_short ? 1 : jb.split.qb_per_task; /* resident query blocks */
     const int64_t heads = d->B * d->Hq / jb.split.group; /* row spaces */
     const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
     /* under a key mask, room for the visible keys of a task (2 floats each) */
     const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0;
     const size_t row_room = ((size_t)D + 64 + 15) / 16 * 16; /* keeps what follows aligned */
-    const size_t per = per_qb * (size_t)jb.split.qb_per_task + (size_t)BK * BQ +
-                       (size_t)(2 * BK * D) + row_room + key_room;
+    const size_t tr_room = (size_t)(VL * d_padded(D));
+    const size_t per = per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)(2 * kb * D) +
+                       row_room + tr_room + key_room;
     /* tiles, then the per-thread descriptors, in the thread's scratch */
     const size_t tiles = per * (size_t)threads * sizeof(float);
     const size_t descs = ((size_t)threads * sizeof *jb.ws + 63) / 64 * 64;
-    const size_t n_qbs = (size_t)threads * (size_t)jb.split.qb_per_task;
+    const size_t n_qbs = (size_t)threads * (size_t)qbs_kept;
     char *base = sdpa__scratch(tiles + descs + n_qbs * sizeof(qblock));
     if (!base)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
@@ -387,20 +588,22 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     for (int t = 0; t < threads; t++) {
         float *p = mem + per * (size_t)t;
         workspace *w = &jb.ws[t];
-        w->qb = qbs + (size_t)t * (size_t)jb.split.qb_per_task;
-        for (int q = 0; q < jb.split.qb_per_task; q++) {
+        w->qb = qbs + (size_t)t * (size_t)qbs_kept;
+        for (int q = 0; q < qbs_kept; q++) {
             w->qb[q].qt = p, p += D * BQ;
             w->qb[q].ot = p, p += D * BQ;
             w->qb[q].m = p, p += BQ;
             w->qb[q].l = p, p += BQ;
         }
-        w->st = p, p += BK * BQ;
-        w->k = p, p += BK * D;
-        w->v = p, p += BK * D;
+        w->st = p, p += kb * BQ;
+        w->k = p, p += kb * D;
+        w->v = p, p += kb * D;
         w->row = p, p += row_room;
+        w->tr = p, p += tr_room;
         w->keys = key_room ? (int64_t *)p : NULL;
     }
-    sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, task_fn, &jb);
+    sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, is_short ? task_short_fn : task_fn,
+                       &jb);
     sdpa__scratch_release(base);
     return SDPA_OK;
 }

@@ -229,6 +229,11 @@ static void grid(const char *backend)
         check_case(backend, &c);
         c.causal = SDPA_CAUSAL_TOP_LEFT, c.layout = TL_BHSD, c.dtype = SDPA_BF16;
         check_case(backend, &c);
+        /* past the tiled kernels' short-key path (flash_tiled.h SHORT_KEYS):
+         * key blocks with a running softmax */
+        c = mk(1, 50, 600, 2, 1, dims[i]);
+        c.layout = TL_STRIDED, c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
+        check_case(backend, &c);
     }
     static const int64_t seqs[] = {1, 17, 129};
     for (size_t i = 0; i < 3; i++) /* odd sequence lengths */

@@ -10,6 +10,7 @@
 #define SDPA_VEC_AVX512_H
 
 #include <immintrin.h>
+#include <stddef.h>
 
 #define VL 16
 typedef __m512 vec;
@@ -22,6 +23,7 @@ typedef __m512 vec;
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_EXP(x) exp512(x)
+#define V_TRANSPOSE(dst, ldd, src, lds) transpose16(dst, ldd, src, lds)
 
 static inline __m512 exp512(__m512 x)
 {
@@ -37,6 +39,39 @@ static inline __m512 exp512(__m512 x)
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/*
+ * dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block of 32-bit
+ * elements (floats or bf16 pairs): four rounds of 16 shuffles instead of
+ * 256 scalar loads and stores. Round 1 interleaves pairs of rows, round 2
+ * pairs of pairs (each 128-bit lane then holds one column of 4 rows),
+ * rounds 3 and 4 gather a column's four lanes.
+ */
+static inline void transpose16(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) { /* r[g + j]: columns j, j + 4, j + 8, j + 12 of rows g.. */
+        r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[g]), _mm512_castps_pd(t[g + 2])));
+        r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[g]), _mm512_castps_pd(t[g + 2])));
+        r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[g + 1]), _mm512_castps_pd(t[g + 3])));
+        r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[g + 1]), _mm512_castps_pd(t[g + 3])));
+    }
+    for (int h = 0; h < 16; h += 8) /* t[h + j]: columns j and j + 8 of rows h.. (j < 8) */
+        for (int j = 0; j < 4; j++) {
+            t[h + j] = _mm512_shuffle_f32x4(r[h + j], r[h + 4 + j], 0x88);
+            t[h + 4 + j] = _mm512_shuffle_f32x4(r[h + j], r[h + 4 + j], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+        _mm512_storeu_ps(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd));
+    }
 }
 
 #endif
