@@ -5,8 +5,15 @@
  * Kernels split a call into independent tasks (batch x head x query block)
  * and hand them out through one atomic counter, so a thread that drew cheap
  * tasks (causal rows near the top) simply takes more of them. The calling
- * thread works too, as worker 0. Cost per parallel_for: one broadcast and
- * one wait, a few microseconds; small calls run inline instead.
+ * thread works too, as worker 0. Small calls run inline instead.
+ *
+ * Waking a sleeping thread costs a futex round trip: 5-20 us on the
+ * virtual machines measured here, as long as a whole 26-token attention
+ * call. So after a region a worker spins for SPIN_NS on the published
+ * generation before it sleeps, and the caller spins on the busy count
+ * before it waits: back-to-back calls (a transformer's layers) then start
+ * and finish without a system call. What it costs: up to SPIN_NS of one
+ * core per worker after the last call of a burst.
  *
  * Several application threads may call into one context at once; their
  * parallel regions take turns on the pool (`submit`), which keeps each
@@ -20,6 +27,15 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define SPIN_NS 50000 /* 50 us */
 
 struct sdpa_pool {
     int threads;
@@ -27,9 +43,10 @@ struct sdpa_pool {
     pthread_mutex_t submit; /* one parallel region at a time */
     pthread_mutex_t m;
     pthread_cond_t start, done;
-    uint64_t generation;
-    int stop;
-    int busy; /* workers still inside the current region */
+    uint64_t generation;   /* under m */
+    _Atomic uint64_t published; /* generation, for spinning workers */
+    _Atomic int stop;
+    _Atomic int busy; /* workers still inside the current region */
     sdpa_task_fn fn;
     void *arg;
     int64_t n_tasks;
@@ -48,26 +65,68 @@ static void drain(sdpa_pool *p, int worker)
         p->fn(p->arg, t, worker);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins up to SPIN_NS until *a != unwanted (acquire); returns whether it
+ * changed. The clock is read every 64 pauses. */
+static int spin_u64(_Atomic uint64_t *a, uint64_t unwanted, _Atomic int *stop)
+{
+    const uint64_t t0 = now_ns();
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(a, memory_order_acquire) != unwanted ||
+                atomic_load_explicit(stop, memory_order_relaxed))
+                return 1;
+            CPU_RELAX();
+        }
+        if (now_ns() - t0 > SPIN_NS)
+            return 0;
+    }
+}
+
+static int spin_zero(_Atomic int *a)
+{
+    const uint64_t t0 = now_ns();
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(a, memory_order_acquire) == 0)
+                return 1;
+            CPU_RELAX();
+        }
+        if (now_ns() - t0 > SPIN_NS)
+            return 0;
+    }
+}
+
 static void *worker_main(void *raw)
 {
     worker_arg wa = *(worker_arg *)raw;
     free(raw);
     sdpa_pool *p = wa.pool;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->m);
     for (;;) {
-        while (!p->stop && p->generation == seen)
-            pthread_cond_wait(&p->start, &p->m);
-        if (p->stop)
+        if (!spin_u64(&p->published, seen, &p->stop)) {
+            pthread_mutex_lock(&p->m);
+            while (!atomic_load(&p->stop) && p->generation == seen)
+                pthread_cond_wait(&p->start, &p->m);
+            pthread_mutex_unlock(&p->m);
+        }
+        if (atomic_load(&p->stop))
             break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->m);
+        /* fn, arg and n_tasks were written before published (release) */
+        seen = atomic_load_explicit(&p->published, memory_order_acquire);
         drain(p, wa.index);
-        pthread_mutex_lock(&p->m);
-        if (--p->busy == 0)
+        if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&p->m); /* the caller may be waiting on done */
             pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->m);
+        }
     }
-    pthread_mutex_unlock(&p->m);
     return NULL;
 }
 
@@ -112,7 +171,7 @@ void sdpa__pool_destroy(sdpa_pool *p)
     if (!p)
         return;
     pthread_mutex_lock(&p->m);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->m);
     for (int i = 1; i < p->threads && p->tids; i++)
@@ -138,15 +197,18 @@ void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *ar
     pthread_mutex_lock(&p->m);
     p->fn = fn, p->arg = arg, p->n_tasks = n_tasks;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    p->busy = p->threads - 1;
+    atomic_store_explicit(&p->busy, p->threads - 1, memory_order_relaxed);
     p->generation++;
+    atomic_store_explicit(&p->published, p->generation, memory_order_release);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->m);
     drain(p, 0);
-    pthread_mutex_lock(&p->m);
-    while (p->busy > 0)
-        pthread_cond_wait(&p->done, &p->m);
-    pthread_mutex_unlock(&p->m);
+    if (!spin_zero(&p->busy)) {
+        pthread_mutex_lock(&p->m);
+        while (atomic_load_explicit(&p->busy, memory_order_acquire) > 0)
+            pthread_cond_wait(&p->done, &p->m);
+        pthread_mutex_unlock(&p->m);
+    }
     pthread_mutex_unlock(&p->submit);
 }
 
