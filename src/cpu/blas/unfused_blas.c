@@ -9,8 +9,9 @@
  *                                baseline x86-64; picked per call)
  *     O_blk = P V                cblas_sgemm  [BR x D]
  *
- * Costs: a BR x Skv score buffer per thread (8 MiB at Skv = 8190), and two
- * passes over it, which is what the fused kernels avoid. f32 inputs only,
+ * Costs: a BR x Skv score buffer per thread (8 MiB at Skv = 8190, in the
+ * calling thread's scratch, kept between calls up to its limit), and two
+ * passes over it (max; exp and sum), which is what the fused kernels avoid. f32 inputs only,
  * with unit stride along D (sgemm's leading dimensions); other inputs are
  * refused at run time. OpenBLAS is set to one thread (process-wide) and
  * libsdpa's pool runs blocks in parallel, so results do not depend on the
@@ -39,8 +40,10 @@
 enum { BR = 256 };
 
 /*
- * Softmax of the first n_vis scores of a row, in place; the rest become 0.
- * Returns the denominator l, and the max in *m. The body is compiled three
+ * Softmax numerators exp(s - max) of the first n_vis scores of a row, in
+ * place; the rest become 0. Returns the denominator l (the output row is
+ * divided by it when stored: D divisions, not a third pass over Skv
+ * scores), and the max in *m. The body is compiled three
  * times (AVX-512, AVX2, baseline) so the compiler vectorises it for each;
  * the run picks one from the CPU features the context allows. (Not
  * target_clones: its ifunc resolver runs before ThreadSanitizer starts.)
@@ -64,9 +67,6 @@ enum { BR = 256 };
     }                                                                                              \
     for (int64_t j = n_vis; j < n; j++)                                                            \
         s[j] = 0.0f;                                                                               \
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;                                              \
-    for (int64_t j = 0; j < n_vis; j++)                                                            \
-        s[j] *= inv;                                                                               \
     *m = mx;                                                                                       \
     return sum;
 
@@ -185,8 +185,8 @@ static void blas_task(void *arg, int64_t task, int worker)
                     1.0f, s, (int)kv_end, v, (int)c->v->stride[1], 0.0f, o, (int)d->D);
     else
         memset(o, 0, sizeof(float) * (size_t)(rows * d->D));
-    for (int64_t r = 0; r < rows; r++) /* P was normalised by softmax_row */
-        sdpa__store_result(c, b, i0 + r, h, o + r * d->D, m[r], l[r], 1);
+    for (int64_t r = 0; r < rows; r++)
+        sdpa__store_result(c, b, i0 + r, h, o + r * d->D, m[r], l[r], 0);
 }
 
 
@@ -210,12 +210,12 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     const int threads = sdpa__pool_threads(c->pool);
     blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
                   (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
-    j.mem = sdpa__malloc(sizeof(float) * j.per * (size_t)threads);
+    j.mem = sdpa__scratch(sizeof(float) * j.per * (size_t)threads); /* kept between calls */
     if (!j.mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.blas: cannot allocate %zu bytes of scores",
                           sizeof(float) * j.per * (size_t)threads);
     sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * j.n_blocks, blas_task, &j);
-    free(j.mem);
+    sdpa__scratch_release(j.mem);
     return SDPA_OK;
 }
 
