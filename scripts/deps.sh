@@ -2,7 +2,8 @@
 # deps.sh - installs what building and testing libsdpa needs, only where it
 # is missing: a C compiler, CMake, Python 3 with NumPy (for the CLI tests),
 # OpenBLAS (the cpu.blas baseline), libpng (`sdpa dit` images), clang with
-# libFuzzer (the fuzz targets) and Open MPI (libsdpa_mpi); libsdpa builds
+# libFuzzer (the fuzz targets), Open MPI (libsdpa_mpi) and oneDNN (a peer in
+# bench/peers); libsdpa builds
 # without those, leaving out what needs them.
 set -euo pipefail
 missing=()
@@ -11,7 +12,7 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v make >/dev/null || missing+=(make)
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
 command -v clang >/dev/null || missing+=(clang)
-for pkg in libopenblas-dev libpng-dev libclang-rt-dev openmpi-bin libopenmpi-dev; do
+for pkg in libopenblas-dev libpng-dev libclang-rt-dev openmpi-bin libopenmpi-dev libdnnl-dev; do
   if command -v dpkg >/dev/null && ! dpkg -s "$pkg" >/dev/null 2>&1; then
     missing+=("$pkg")
   fi

@@ -8,7 +8,8 @@
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks)
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
-#                 scripts/python-test.sh
+#                 scripts/python-test.sh; then bench/peers' contenders on the
+#                 smoke suite, outputs checked against float64
 #   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser and the
 #                 .npy reader, SDPA_FUZZ_SECONDS (default 20) each, from the
 #                 corpora in tests/fuzz/corpus (new inputs stay in build-fuzz/)
@@ -41,6 +42,16 @@ TSAN_OPTIONS=halt_on_error=1 \
 
 echo "== python"
 scripts/python-test.sh
+
+# The peer benchmark's contenders must stay right: one round of the smoke
+# suite in both dtypes, every output checked against float64 (no timing).
+if [ -f build/libsdpa_peers.so ]; then
+  echo "== bench/peers (smoke, outputs checked)"
+  for dtype in f32 bf16; do
+    build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so \
+      --suite bench/shapes/smoke.tsv --dtype $dtype --reps 1 --check | tail -2
+  done
+fi
 
 echo "== build-fuzz"
 CC=clang cmake -S . -B build-fuzz -DSDPA_WERROR=ON -DSDPA_CUDA=OFF -DSDPA_FUZZ=ON \

@@ -1,0 +1,263 @@
+"""bench/peers/peers.py: libsdpa next to its peers, in one process,
+interleaved, on a shape suite (bench/peers/run.sh builds and runs it).
+
+    python bench/peers/peers.py --lib build/libsdpa_peers.so
+        [--suite bench/shapes/diffusion-cpu.tsv] [--dtype f32|bf16]
+        [--reps 7] [--max-gflop 6] [--threads N]
+
+Contenders, on the same BSHD tensors:
+  libsdpa       the dispatcher's choice, and each present libsdpa CPU backend
+                that takes the dtype (peers.c, timed in C)
+  torch         torch.nn.functional.scaled_dot_product_attention on the
+                [B, H, S, D] views of those tensors (no copy), timed from
+                Python as torch users call it
+  openblas      unfused OpenBLAS sgemm + vectorised softmax in 256-row
+                blocks (peers.c; f32 only)
+  onednn        unfused oneDNN matmul + softmax + matmul in 256-row blocks
+                (peers.c; bf16 and f32)
+
+Each row's heads are cut (keeping Hq / Hkv) until one call is at most
+--max-gflop GFLOP, so that a round stays short; the report says so. A
+round runs every contender once in a rotating order; small calls are
+repeated inside one timing so that each timing lasts about 20 ms; the
+figures are medians of --reps rounds. GFLOP/s = 4 B Hq Sq Skv D / time
+(halved for causal Sq == Skv; padded rows count their real keys, and run
+unpadded here: the peers take no masks). Ceilings (libsdpa's fp32 FMA and
+VDPBF16PS probes) are measured at the start of the run, best of three.
+
+Every contender's first output is checked against torch's float64 SDPA on
+the first query head; a contender off by more than its dtype allows is
+reported and left out of the ratios.
+
+OpenMP: the OpenBLAS and oneDNN peers and torch each run OpenMP thread
+teams; GOMP_SPINCOUNT is set (unless given) so that their idle threads
+spin about as long as libsdpa's pool does (50 us) instead of taking the
+cores from the next contender for milliseconds.
+"""
+import os
+
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # before torch loads its OpenMP
+
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def read_suite(path):
+    rows = []
+    for line in pathlib.Path(path).read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        f = line.split("\t")
+        B, Sq, Skv, Hq, Hkv, D, causal = (int(x) for x in f[1:8])
+        pad = int(f[8][11:]) if len(f) > 8 and f[8].startswith("seq_len_kv=") else None
+        rows.append(dict(name=f[0], B=B, Sq=Sq, Skv=Skv, Hq=Hq, Hkv=Hkv, D=D, causal=bool(causal),
+                         pad=pad))
+    return rows
+
+
+def cut_heads(r, max_gflop):
+    """Hq (and Hkv in proportion) cut so that a call is <= max_gflop."""
+    g = r["Hq"] // r["Hkv"]
+    per_head = 4.0 * r["B"] * r["Sq"] * r["Skv"] * r["D"] / 1e9
+    hkv = max(1, min(r["Hkv"], int(max_gflop / (per_head * g))))
+    return hkv * g, hkv
+
+
+def cpu_model():
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+class Peers:
+    def __init__(self, path):
+        L = self.lib = ctypes.CDLL(str(path))
+        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        dims = [i64] * 6
+        L.peers_libsdpa.argtypes = [ctypes.c_char_p, vp, vp, vp, vp] + dims + [ctypes.c_int] * 3
+        L.peers_openblas.argtypes = [vp, vp, vp, vp] + dims + [ctypes.c_int] * 2
+        L.peers_dnnl.argtypes = [vp, vp, vp, vp] + dims + [ctypes.c_int] * 3
+        for f in ("peers_libsdpa", "peers_openblas", "peers_dnnl", "peers_ceiling"):
+            getattr(L, f).restype = ctypes.c_double
+        L.peers_ceiling.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        for f in ("peers_last_error", "peers_libsdpa_choice", "peers_dnnl_version",
+                  "peers_openblas_config"):
+            getattr(L, f).restype = ctypes.c_char_p
+        L.peers_info_json.restype = ctypes.c_void_p
+        L.peers_info_json.argtypes = [ctypes.c_int]
+        L.peers_free.argtypes = [ctypes.c_void_p]
+
+    def info(self, threads):
+        p = self.lib.peers_info_json(threads)
+        if not p:
+            raise RuntimeError(self.error())
+        try:
+            return json.loads(ctypes.string_at(p).decode())
+        finally:
+            self.lib.peers_free(p)
+
+    def error(self):
+        return self.lib.peers_last_error().decode()
+
+    def checked(self, seconds):
+        if seconds < 0:
+            raise RuntimeError(self.error())
+        return seconds
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lib", required=True, help="libsdpa_peers.so (built by CMake)")
+    p.add_argument("--suite", default=str(HERE.parent / "shapes" / "diffusion-cpu.tsv"))
+    p.add_argument("--dtype", default="f32", choices=("f32", "bf16"))
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--max-gflop", type=float, default=6.0)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--rows", help="comma-separated row names to run (default: all)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if any contender's output is wrong (CI's smoke run)")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    peers = Peers(a.lib)
+    L, T = peers.lib, a.threads
+    bf16 = a.dtype == "bf16"
+    tdtype = torch.bfloat16 if bf16 else torch.float32
+    info = peers.info(T)
+    ceil = max(L.peers_ceiling(b"fp32", T) for _ in range(3))
+    bf16_ceil = max(L.peers_ceiling(b"avx512-bf16", T) for _ in range(3))
+    backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
+                and a.dtype in b["dtypes"] and b["name"] not in ("ref", "cpu.portable")]
+    bits = {b["name"]: b["product_bits"] for b in backends}
+    print(f"# bench/peers/peers.py --suite {pathlib.Path(a.suite).name} --dtype {a.dtype} "
+          f"--reps {a.reps} --max-gflop {a.max_gflop:g}, {datetime.date.today()}")
+    print(f"# CPU {cpu_model()} ({info['cpu']['model']}), {T} threads; libsdpa {info['version']}, "
+          f"torch {torch.__version__}, oneDNN {L.peers_dnnl_version().decode()}, "
+          f"OpenBLAS {L.peers_openblas_config().decode()}")
+    print(f"# ceiling: fp32 FMA {ceil:.0f} GFLOP/s; VDPBF16PS "
+          + (f"{bf16_ceil:.0f} GFLOP/s" if bf16_ceil > 0 else "none")
+          + " (libsdpa probes, best of 3, this run); %peak of bf16-product backends is of "
+          "VDPBF16PS, of the others fp32 FMA")
+    print("# heads cut to keep a call <= %g GFLOP (Hq/Hkv kept); padded rows run unpadded; "
+          "torch timed from Python, the rest in C" % a.max_gflop)
+    print(f"{'row':22} {'Hq':>3} {'contender':24} {'median_ms':>10} {'GFLOP/s':>8} {'%peak':>6} "
+          f"{'maxrel':>8}")
+    wanted = set(a.rows.split(",")) if a.rows else None
+    summary, wrong = [], []
+    for r in read_suite(a.suite):
+        if wanted and r["name"] not in wanted:
+            continue
+        Hq, Hkv = cut_heads(r, a.max_gflop)
+        B, Sq, Skv, D, causal = r["B"], r["Sq"], r["Skv"], r["D"], r["causal"]
+        if causal:
+            continue  # the peers here are not causal; diffusion rows are not
+        gen = torch.Generator().manual_seed(1)
+        q = (torch.rand(B, Sq, Hq, D, generator=gen) * 2 - 1).to(tdtype)
+        k = (torch.rand(B, Skv, Hkv, D, generator=gen) * 2 - 1).to(tdtype)
+        v = (torch.rand(B, Skv, Hkv, D, generator=gen) * 2 - 1).to(tdtype)
+        ptr = lambda t: ctypes.c_void_p(t.data_ptr())
+        dims = (B, Sq, Skv, Hq, Hkv, D)
+        outs = {}
+
+        def c_arm(name, fn):
+            o = torch.empty_like(q)
+            outs[name] = o
+            return lambda n: peers.checked(fn(o, n))
+
+        arms = {}
+        arms["libsdpa"] = c_arm("libsdpa", lambda o, n: L.peers_libsdpa(
+            None, ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))
+        peers.checked(L.peers_libsdpa(None, ptr(q), ptr(k), ptr(v), ptr(outs["libsdpa"]), *dims,
+                                      int(bf16), T, 1))
+        chosen = L.peers_libsdpa_choice().decode()
+        for b in backends:
+            name = b["name"].encode()
+            arms[b["name"]] = c_arm(b["name"], (lambda nm: lambda o, n: L.peers_libsdpa(
+                nm, ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))(name))
+        if not bf16:
+            arms["openblas"] = c_arm("openblas", lambda o, n: L.peers_openblas(
+                ptr(q), ptr(k), ptr(v), ptr(o), *dims, T, n))
+        arms["onednn"] = c_arm("onednn", lambda o, n: L.peers_dnnl(
+            ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+        def torch_arm(n):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                     enable_gqa=Hq != Hkv)
+            outs["torch"] = o.transpose(1, 2)
+            return (time.perf_counter() - t0) / n
+
+        arms["torch"] = torch_arm
+        with torch.no_grad():
+            for n in arms:  # warm-up, and the outputs to check
+                arms[n](1)
+            one = {n: max(arms[n](1), 1e-6) for n in arms}
+            calls = {n: max(1, min(1000, int(0.02 / one[n]))) for n in arms}
+            t = {n: [] for n in arms}
+            names = list(arms)
+            for rep in range(a.reps):
+                for i in range(len(names)):
+                    n = names[(i + rep) % len(names)]
+                    t[n].append(arms[n](calls[n]) * 1e3)
+            # float64 check on head 0 (head 0 reads KV head 0)
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                qt[:, :1].double(), kt[:, :1].double(), vt[:, :1].double()).transpose(1, 2)
+        scale_ref = ref.abs().max().item()
+        flops = 4.0 * B * Hq * Sq * Skv * D
+        med = {n: statistics.median(v) for n, v in t.items()}
+        bad = set()
+        for n in names:
+            err = (outs[n][:, :, :1].double() - ref).abs().max().item() / scale_ref
+            tol = 2e-2 if bf16 else 1e-4
+            if not err <= tol:
+                bad.add(n)
+            gf = flops / (med[n] * 1e6)
+            pk = bf16_ceil if bits.get(chosen if n == "libsdpa" else n, 0) == 8 and bf16_ceil > 0 \
+                else ceil
+            label = f"libsdpa ({chosen})" if n == "libsdpa" else n
+            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.3f} {gf:8.1f} {100 * gf / pk:5.1f}% "
+                  f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))
+        wrong += [f"{r['name']} ({n})" for n in sorted(bad)]
+        ok_peers = [n for n in ("torch", "openblas", "onednn") if n in med and n not in bad]
+        # regret: the chosen backend's own arm against the fastest backend
+        # arm (so the dispatcher arm's run-to-run noise does not count)
+        lib_best = min((n for n in med if n not in bad and n not in ok_peers and n != "libsdpa"),
+                       key=lambda n: med[n], default="libsdpa")
+        ratios = {n: med[n] / med["libsdpa"] for n in ok_peers}
+        regret = med[chosen] / med[lib_best] - 1 if chosen in med and chosen not in bad \
+            else float("nan")
+        summary.append((r["name"], chosen, ratios, lib_best, regret))
+        print(f"{r['name']:22}     choice {chosen}: " +
+              ", ".join(f"{ratios[n]:.2f}x {n}" for n in ok_peers) +
+              f"; fastest libsdpa backend {lib_best}, regret {100 * regret:+.1f}%")
+        sys.stdout.flush()
+    print("# summary: the dispatcher's choice against each peer (peer time / choice time; > 1: "
+          "libsdpa faster) and its regret (the chosen backend's time / the fastest libsdpa "
+          "backend's time - 1, both named explicitly)")
+    for name, chosen, ratios, best, regret in summary:
+        print(f"# {name:22} {chosen:15} " + " ".join(f"{n} {v:5.2f}x" for n, v in ratios.items())
+              + f"  regret {100 * regret:+5.1f}% (fastest {best})")
+    behind = [(n, p) for n, _, rt, _, _ in summary for p, v in rt.items() if v < 1.0]
+    print("# rows where a peer is faster: " +
+          (", ".join(f"{n} ({p})" for n, p in behind) if behind else "none"))
+    print("# wrong outputs: " + (", ".join(wrong) if wrong else "none"))
+    if a.check and wrong:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

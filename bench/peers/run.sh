@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# run.sh - the peer benchmark, f32 and bf16, on a suite (default
+# diffusion-cpu), raw output into bench/results/DATE-peers-{f32,bf16}.txt:
+#
+#   bench/peers/run.sh [suite.tsv] [reps]
+#
+# Builds build/ (libsdpa_peers.so needs OpenBLAS, oneDNN and OpenMP:
+# scripts/deps.sh installs them) and uses the venv with torch that
+# scripts/python-test.sh keeps in build-py/venv (made here if missing).
+# Run it on a quiet machine: the figures are ratios measured side by side.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+suite=${1:-bench/shapes/diffusion-cpu.tsv}
+reps=${2:-7}
+scripts/deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target sdpa sdpa_peers >/dev/null
+if [ ! -x build-py/venv/bin/python ]; then
+  python3 -m venv build-py/venv
+  build-py/venv/bin/pip install --quiet --disable-pip-version-check numpy torch
+fi
+day=$(date +%F)
+name=$(basename "$suite" .tsv)
+for dtype in f32 bf16; do
+  out="bench/results/$day-peers-$name-$dtype.txt"
+  build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so --suite "$suite" \
+    --dtype "$dtype" --reps "$reps" | tee "$out"
+done
