@@ -102,6 +102,24 @@ static inline void sdpa__store_row(void *dst, sdpa_dtype t, int64_t stride, int6
         sdpa__store_f32(dst, t, j * stride, src[j] * mul);
 }
 
+/* The factor a finished row is stored with: 1 / l for a row that saw keys
+ * (1 when already normalised), 0 when it saw none (masked, or every score
+ * -inf: stored as zeros), NaN when a NaN or +inf score reached the sum
+ * (sdpa.h). */
+static inline float sdpa__result_mul(float l, int normalised)
+{
+    return l > 0.0f ? (normalised ? 1.0f : 1.0f / l) : l == 0.0f ? 0.0f : NAN;
+}
+
+/* lse[b, h, i] = m + log(l), -inf for a row that saw no key, NaN for NaN. */
+static inline void sdpa__store_lse(const sdpa_call *c, int64_t b, int64_t i, int64_t h, float m,
+                                   float l)
+{
+    if (c->lse)
+        c->lse[(b * c->desc.Hq + h) * c->desc.Sq + i] =
+            l > 0.0f ? m + logf(l) : l == 0.0f ? -INFINITY : NAN;
+}
+
 /*
  * Finishes query row i of head h: out[b, i, h, :] = row * (1 / l), or
  * zeros when l == 0 (the row saw no key), and lse = m + log(l) (-inf then).
@@ -114,13 +132,9 @@ static inline void sdpa__store_result(const sdpa_call *c, int64_t b, int64_t i, 
     sdpa_tensor *out = c->out;
     void *dst = (char *)out->data +
                 sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
-    /* l > 0: a row that saw keys; l == 0: it saw none (masked, or every
-     * score -inf); l NaN: a NaN or +inf score reached the sum (sdpa.h). */
-    const float mul = l > 0.0f ? (normalised ? 1.0f : 1.0f / l) : l == 0.0f ? 0.0f : NAN;
-    sdpa__store_row(dst, out->dtype, out->stride[3], c->desc.D, mul, row);
-    if (c->lse)
-        c->lse[(b * c->desc.Hq + h) * c->desc.Sq + i] =
-            l > 0.0f ? m + logf(l) : l == 0.0f ? -INFINITY : NAN;
+    sdpa__store_row(dst, out->dtype, out->stride[3], c->desc.D, sdpa__result_mul(l, normalised),
+                    row);
+    sdpa__store_lse(c, b, i, h, m, l);
 }
 
 /* Element pointer arithmetic in bytes. */

@@ -85,55 +85,73 @@ typedef struct job {
 } job;
 
 /*
- * C[mr][BQ] (+)= sum_k A[i*rs + k*cs] * B[k][0..BQ). Inlined with a
- * constant mr so the accumulators stay in registers. In pair mode each A
- * and B element is a pair of bf16 and the step is a two-term dot product.
+ * C[mr][BQ] (+)= sum_k A[i*rs + k*cs] * B[k][0..BQ), on the first qv of
+ * the QV query vectors (a block's last rows may fill fewer: the lanes past
+ * them are neither computed nor read). Inlined with constant mr and qv so
+ * the accumulators stay in registers. In pair mode each A and B element is
+ * a pair of bf16 and the step is a two-term dot product.
  */
-static inline __attribute__((always_inline)) void ukr(const int mr, int K, const a_elem *a,
-                                                      ptrdiff_t rs, ptrdiff_t cs, const b_elem *b,
-                                                      float *c, int accumulate)
+static inline __attribute__((always_inline)) void ukr(const int mr, const int qv, int K,
+                                                      const a_elem *a, ptrdiff_t rs, ptrdiff_t cs,
+                                                      const b_elem *b, float *c, int accumulate)
 {
     vec acc[MR][QV];
     for (int i = 0; i < mr; i++)
-        for (int v = 0; v < QV; v++)
+        for (int v = 0; v < qv; v++)
             acc[i][v] = accumulate ? V_LOAD(c + i * BQ + v * VL) : V_ZERO();
     for (int k = 0; k < K; k++) {
         bvec bv[QV];
-        for (int v = 0; v < QV; v++)
+        for (int v = 0; v < qv; v++)
             bv[v] = B_LOAD(b + (ptrdiff_t)k * BQ + v * VL);
         for (int i = 0; i < mr; i++) {
             const avec ai = A_BCAST(a[i * rs + k * cs]);
-            for (int v = 0; v < QV; v++)
+            for (int v = 0; v < qv; v++)
                 acc[i][v] = V_MAC(acc[i][v], ai, bv[v]);
         }
     }
     for (int i = 0; i < mr; i++)
-        for (int v = 0; v < QV; v++)
+        for (int v = 0; v < qv; v++)
             V_STORE(c + i * BQ + v * VL, acc[i][v]);
 }
 
 /* Row blocks of MR with one dispatch for the tail, so every call site sees
- * a constant mr. */
-static void gemm_rows(int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t cs,
-                      const b_elem *b, float *c, int accumulate)
+ * a constant mr (and qv). */
+static inline __attribute__((always_inline)) void gemm_rows_qv(const int qv, int rows, int K,
+                                                               const a_elem *a, ptrdiff_t rs,
+                                                               ptrdiff_t cs, const b_elem *b,
+                                                               float *c, int accumulate)
 {
     int i = 0;
     for (; i + MR <= rows; i += MR)
-        ukr(MR, K, a + i * rs, rs, cs, b, c + (ptrdiff_t)i * BQ, accumulate);
+        ukr(MR, qv, K, a + i * rs, rs, cs, b, c + (ptrdiff_t)i * BQ, accumulate);
     const int t = rows - i;
     a += i * rs, c += (ptrdiff_t)i * BQ;
     switch (t) {
 #if MR > 7
-    case 7: ukr(7, K, a, rs, cs, b, c, accumulate); break;
-    case 6: ukr(6, K, a, rs, cs, b, c, accumulate); break;
-    case 5: ukr(5, K, a, rs, cs, b, c, accumulate); break;
-    case 4: ukr(4, K, a, rs, cs, b, c, accumulate); break;
+    case 7: ukr(7, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 6: ukr(6, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 5: ukr(5, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 4: ukr(4, qv, K, a, rs, cs, b, c, accumulate); break;
 #endif
-    case 3: ukr(3, K, a, rs, cs, b, c, accumulate); break;
-    case 2: ukr(2, K, a, rs, cs, b, c, accumulate); break;
-    case 1: ukr(1, K, a, rs, cs, b, c, accumulate); break;
+    case 3: ukr(3, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 2: ukr(2, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 1: ukr(1, qv, K, a, rs, cs, b, c, accumulate); break;
     default: break;
     }
+}
+
+#if QV != 3
+#error "gemm_rows dispatches qv = 1..3"
+#endif
+static void gemm_rows(int qv, int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t cs,
+                      const b_elem *b, float *c, int accumulate)
+{
+    if (qv == 1)
+        gemm_rows_qv(1, rows, K, a, rs, cs, b, c, accumulate);
+    else if (qv == 2)
+        gemm_rows_qv(2, rows, K, a, rs, cs, b, c, accumulate);
+    else
+        gemm_rows_qv(QV, rows, K, a, rs, cs, b, c, accumulate);
 }
 
 /*
@@ -141,15 +159,25 @@ static void gemm_rows(int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t 
  * VL x VL block of 32-bit words whose destination may have fewer than VL
  * rows (the last head-dim rows of Q^T when D is not a multiple of VL).
  */
+static inline void transpose_block(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds)
+{
+    vec r[VL];
+    for (int i = 0; i < VL; i++)
+        r[i] = V_LOAD(src + i * lds);
+    V_TRANSPOSE_REGS(r);
+    for (int j = 0; j < VL; j++)
+        V_STORE(dst + j * ldd, r[j]);
+}
+
 static inline void transpose_to(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
                                 int64_t nc)
 {
     if (nc >= VL) {
-        V_TRANSPOSE(dst, ldd, src, lds);
+        transpose_block(dst, ldd, src, lds);
         return;
     }
     float t[VL * VL];
-    V_TRANSPOSE(t, VL, src, lds);
+    transpose_block(t, VL, src, lds);
     for (int c = 0; c < nc; c++)
         V_STORE(dst + c * ldd, V_LOAD(t + c * VL));
 }
@@ -172,19 +200,45 @@ static inline int64_t d_padded(int64_t D) { return (D + VL - 1) / VL * VL; }
  * Rows i0 .. i0 + rows of the task's row space (flash_row) into Q^T: VL
  * rows at a time are converted into w->tr (one row of tile_words_padded
  * words each, zero padded), then moved VL x VL block by block
- * (V_TRANSPOSE). Lanes past `rows` are zeros.
+ * (V_TRANSPOSE_REGS). Lanes past `rows` are zeros. f32 rows with a
+ * unit-stride D of whole vectors skip w->tr: loaded, scaled and transposed
+ * in registers.
  */
 static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
                    const flash_task *tk, int64_t i0, int rows)
 {
     const sdpa_tensor *q = c->q;
     const int64_t D = c->desc.D, words = tile_words(D), ld = tile_words_padded(D);
+#ifndef TILED_PAIRS
+    const int direct = q->dtype == SDPA_F32 && q->stride[3] == 1 && D % VL == 0;
+#endif
     for (int r0 = 0; r0 < BQ; r0 += VL) {
         if (r0 >= rows) { /* a block of padding lanes */
             for (int64_t i = 0; i < words; i++)
                 V_STORE(qb->qt + i * BQ + r0, V_ZERO());
             continue;
         }
+#ifndef TILED_PAIRS
+        if (direct) {
+            const float *src[VL];
+            const int n = rows - r0 < VL ? rows - r0 : VL;
+            for (int r = 0; r < n; r++) {
+                int64_t h, qi;
+                flash_row(tk, i0 + r0 + r, &h, &qi);
+                src[r] = (const float *)q->data + sdpa__offset(q, tk->b, qi, h, 0);
+            }
+            const vec scale = V_SET1((float)c->scale);
+            for (int64_t d0 = 0; d0 < D; d0 += VL) {
+                vec x[VL];
+                for (int r = 0; r < VL; r++)
+                    x[r] = r < n ? V_MUL(V_LOAD(src[r] + d0), scale) : V_ZERO();
+                V_TRANSPOSE_REGS(x);
+                for (int j = 0; j < VL; j++)
+                    V_STORE(qb->qt + (d0 + j) * BQ + r0, x[j]);
+            }
+            continue;
+        }
+#endif
         for (int r = 0; r < VL; r++) {
             float *dst = w->tr + r * ld;
             if (r0 + r >= rows) {
@@ -251,11 +305,11 @@ static void scale_tile(float *st, int bk, float scale)
 
 /* P^T [bk][BQ] fp32 -> [bkp/2][BQ] bf16 pairs of consecutive keys, in place
  * (pair row i is written after rows 2i and 2i + 1 are read). */
-static void pack_p_pairs(float *st, int bk)
+static void pack_p_pairs(float *st, int bk, int qv)
 {
     uint32_t *pt = (uint32_t *)st;
     for (int i = 0; i < (bk + 1) / 2; i++)
-        for (int v = 0; v < QV; v++) {
+        for (int v = 0; v < qv; v++) {
             const vec lo = V_LOAD(st + (ptrdiff_t)(2 * i) * BQ + v * VL);
             const vec hi = 2 * i + 1 < bk ? V_LOAD(st + (ptrdiff_t)(2 * i + 1) * BQ + v * VL)
                                           : V_ZERO();
@@ -297,9 +351,9 @@ static void mask_tile_general(float *st, int bk, const int64_t *idx, int64_t p0,
 }
 
 /* Online softmax over a P^T tile: updates m, l and rescales O^T. */
-static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D)
+static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D, int qv)
 {
-    for (int v = 0; v < QV; v++) {
+    for (int v = 0; v < qv; v++) {
         vec mx = V_LOAD(qb->m + v * VL);
         for (int j = 0; j < bk; j++)
             mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
@@ -333,13 +387,13 @@ static inline void transpose_from(float *dst, ptrdiff_t ldd, const float *src, p
                                   int64_t nr)
 {
     if (nr >= VL) {
-        V_TRANSPOSE(dst, ldd, src, lds);
+        transpose_block(dst, ldd, src, lds);
         return;
     }
     float t[VL * VL];
     for (int r = 0; r < VL; r++)
         V_STORE(t + r * VL, r < nr ? V_LOAD(src + r * lds) : V_ZERO());
-    V_TRANSPOSE(dst, ldd, t, VL);
+    transpose_block(dst, ldd, t, VL);
 }
 
 /* O^T back to rows, VL queries at a time through w->tr (rows of
@@ -349,6 +403,32 @@ static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb,
                       const flash_task *tk, int64_t i0, int rows)
 {
     const int64_t D = c->desc.D, ld = d_padded(D);
+    const sdpa_tensor *out = c->out;
+    if (out->dtype == SDPA_F32 && out->stride[3] == 1 && D % VL == 0) {
+        /* f32 rows of whole vectors: transposed in registers, scaled and
+         * stored to the output directly */
+        for (int r0 = 0; r0 < rows; r0 += VL) {
+            const int n = rows - r0 < VL ? rows - r0 : VL;
+            float *dst[VL], mul[VL];
+            for (int r = 0; r < n; r++) {
+                int64_t h, i;
+                flash_row(tk, i0 + r0 + r, &h, &i);
+                const float l = i < tk->len_q ? qb->l[r0 + r] : 0.0f;
+                dst[r] = (float *)out->data + sdpa__offset(out, tk->b, i, h, 0);
+                mul[r] = sdpa__result_mul(l, 0);
+                sdpa__store_lse(c, tk->b, i, h, qb->m[r0 + r], l);
+            }
+            for (int64_t d0 = 0; d0 < D; d0 += VL) {
+                vec x[VL];
+                for (int j = 0; j < VL; j++)
+                    x[j] = V_LOAD(qb->ot + (d0 + j) * BQ + r0);
+                V_TRANSPOSE_REGS(x);
+                for (int r = 0; r < n; r++) /* mul 0: zeros, whatever O^T holds */
+                    V_STORE(dst[r] + d0, mul[r] == 0.0f ? V_ZERO() : V_MUL(x[r], V_SET1(mul[r])));
+            }
+        }
+        return;
+    }
     for (int r0 = 0; r0 < rows; r0 += VL) {
         for (int64_t d0 = 0; d0 < D; d0 += VL)
             transpose_from(w->tr + d0, ld, qb->ot + d0 * BQ + r0, BQ, D - d0);
@@ -382,29 +462,29 @@ static void load_kv(const sdpa_call *c, const workspace *w, const flash_task *tk
 }
 
 /* S^T [bk][BQ] = K . Q^T over the packed keys, in scaled units. */
-static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int bk)
+static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int bk, int qv)
 {
     const int64_t D = c->desc.D;
 #ifdef TILED_PAIRS
     const int Dh = (int)(D + 1) / 2;
-    gemm_rows(bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
+    gemm_rows(qv, bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
     scale_tile(w->st, bk, (float)c->scale);
 #else
-    gemm_rows(bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
+    gemm_rows(qv, bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
 #endif
 }
 
 /* O^T (+)= V^T . P^T over the packed keys (P^T in w->st, fp32). */
-static void values(const sdpa_call *c, const workspace *w, const qblock *qb, int bk,
+static void values(const sdpa_call *c, const workspace *w, const qblock *qb, int bk, int qv,
                    int accumulate)
 {
     const int64_t D = c->desc.D;
 #ifdef TILED_PAIRS
-    pack_p_pairs(w->st, bk);
-    gemm_rows((int)D, (bk + 1) / 2, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot,
+    pack_p_pairs(w->st, bk, qv);
+    gemm_rows(qv, (int)D, (bk + 1) / 2, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot,
               accumulate);
 #else
-    gemm_rows((int)D, bk, w->v, 1, D, w->st, qb->ot, accumulate);
+    gemm_rows(qv, (int)D, bk, w->v, 1, D, w->st, qb->ot, accumulate);
 #endif
 }
 
@@ -450,10 +530,11 @@ static void task_fn(void *arg, int64_t task, int worker)
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             if (tk.causal && k_first > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
-            scores(c, w, qb, bk);
+            const int qv = (flash_block_rows(jb->split.rows, i0, BQ) + VL - 1) / VL;
+            scores(c, w, qb, bk, qv);
             mask_scores(c, w, &tk, keys, p0, bk, i0);
-            softmax_tile(w->st, bk, qb, D);
-            values(c, w, qb, bk, 1);
+            softmax_tile(w->st, bk, qb, D, qv);
+            values(c, w, qb, bk, qv, 1);
         }
     }
     for (int q = 0; q < tk.nqb; q++) {
@@ -465,9 +546,9 @@ static void task_fn(void *arg, int64_t task, int worker)
 /* Softmax over all the keys at once (short path): m = row max, P^T =
  * exp(S^T - m) in place, l = sum. A query that saw no key keeps m = -inf
  * and l = 0 (exp(-inf - 0) = 0), stored as zeros. */
-static void softmax_full(float *st, int bk, const qblock *qb)
+static void softmax_full(float *st, int bk, const qblock *qb, int qv)
 {
-    for (int v = 0; v < QV; v++) {
+    for (int v = 0; v < qv; v++) {
         vec mx = V_SET1(-INFINITY);
         for (int j = 0; j < bk; j++)
             mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
@@ -538,11 +619,12 @@ static void task_short_fn(void *arg, int64_t task, int worker)
             prefetch_rows(c->q, &tk, i0 + BQ, flash_block_rows(jb->split.rows, i0 + BQ, BQ),
                           c->desc.D, 0);
         if (nk > 0) {
-            scores(c, w, qb, (int)nk);
+            const int qv = (rows + VL - 1) / VL; /* vectors of real rows */
+            scores(c, w, qb, (int)nk, qv);
             prefetch_rows(c->out, &tk, i0, rows, c->desc.D, 1);
             mask_scores(c, w, &tk, keys, 0, (int)nk, i0);
-            softmax_full(w->st, (int)nk, qb);
-            values(c, w, qb, (int)nk, 0);
+            softmax_full(w->st, (int)nk, qb, qv);
+            values(c, w, qb, (int)nk, qv, 0);
         } else {
             memset(qb->ot, 0, sizeof(float) * (size_t)c->desc.D * BQ);
         }

@@ -27,7 +27,7 @@ typedef __m256 vec;
 #define V_ADD(a, b) _mm256_add_ps((a), (b))
 #define V_MAX(a, b) _mm256_max_ps((a), (b))
 #define V_EXP(x) exp256(x)
-#define V_TRANSPOSE(dst, ldd, src, lds) transpose8(dst, ldd, src, lds)
+#define V_TRANSPOSE_REGS(r) transpose8(r)
 
 static inline __m256 exp256(__m256 x)
 {
@@ -48,25 +48,24 @@ static inline __m256 exp256(__m256 x)
     return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-/* dst[c * ldd + r] = src[r * lds + c] for an 8 x 8 block of floats. */
-static inline void transpose8(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds)
+/* r[j] = column j of the 8 x 8 block of floats whose rows r[i] held. */
+static inline void transpose8(__m256 r[8])
 {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++)
-        r[i] = _mm256_loadu_ps(src + i * lds);
+    __m256 t[8];
     for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
     }
-    for (int g = 0; g < 8; g += 4) { /* r[g + j]: columns j, j + 4 of rows g.. */
-        r[g] = _mm256_shuffle_ps(t[g], t[g + 2], 0x44);
-        r[g + 1] = _mm256_shuffle_ps(t[g], t[g + 2], 0xee);
-        r[g + 2] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0x44);
-        r[g + 3] = _mm256_shuffle_ps(t[g + 1], t[g + 3], 0xee);
+    for (int g = 0; g < 8; g += 4) { /* t[g + j]: columns j, j + 4 of rows g.. */
+        const __m256 a = t[g], b = t[g + 1], c = t[g + 2], d = t[g + 3];
+        t[g] = _mm256_shuffle_ps(a, c, 0x44);
+        t[g + 1] = _mm256_shuffle_ps(a, c, 0xee);
+        t[g + 2] = _mm256_shuffle_ps(b, d, 0x44);
+        t[g + 3] = _mm256_shuffle_ps(b, d, 0xee);
     }
     for (int j = 0; j < 4; j++) {
-        _mm256_storeu_ps(dst + j * ldd, _mm256_permute2f128_ps(r[j], r[4 + j], 0x20));
-        _mm256_storeu_ps(dst + (j + 4) * ldd, _mm256_permute2f128_ps(r[j], r[4 + j], 0x31));
+        r[j] = _mm256_permute2f128_ps(t[j], t[4 + j], 0x20);
+        r[j + 4] = _mm256_permute2f128_ps(t[j], t[4 + j], 0x31);
     }
 }
 

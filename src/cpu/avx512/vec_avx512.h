@@ -23,7 +23,7 @@ typedef __m512 vec;
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_EXP(x) exp512(x)
-#define V_TRANSPOSE(dst, ldd, src, lds) transpose16(dst, ldd, src, lds)
+#define V_TRANSPOSE_REGS(r) transpose16(r)
 
 static inline __m512 exp512(__m512 x)
 {
@@ -42,17 +42,15 @@ static inline __m512 exp512(__m512 x)
 }
 
 /*
- * dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block of 32-bit
- * elements (floats or bf16 pairs): four rounds of 16 shuffles instead of
- * 256 scalar loads and stores. Round 1 interleaves pairs of rows, round 2
- * pairs of pairs (each 128-bit lane then holds one column of 4 rows),
- * rounds 3 and 4 gather a column's four lanes.
+ * r[j] = column j of the 16 x 16 block of 32-bit elements (floats or bf16
+ * pairs) whose rows r[i] held, in registers: four rounds of 16 shuffles
+ * instead of 256 scalar loads and stores. Round 1 interleaves pairs of
+ * rows, round 2 pairs of pairs (each 128-bit lane then holds one column
+ * of 4 rows), rounds 3 and 4 gather a column's four lanes.
  */
-static inline void transpose16(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds)
+static inline void transpose16(__m512 r[16])
 {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++)
-        r[i] = _mm512_loadu_ps(src + i * lds);
+    __m512 t[16];
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -69,8 +67,8 @@ static inline void transpose16(float *dst, ptrdiff_t ldd, const float *src, ptrd
             t[h + 4 + j] = _mm512_shuffle_f32x4(r[h + j], r[h + 4 + j], 0xdd);
         }
     for (int j = 0; j < 8; j++) {
-        _mm512_storeu_ps(dst + j * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
-        _mm512_storeu_ps(dst + (j + 8) * ldd, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd));
+        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
     }
 }
 
