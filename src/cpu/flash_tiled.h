@@ -87,13 +87,15 @@ typedef struct job {
 /*
  * C[mr][BQ] (+)= sum_k A[i*rs + k*cs] * B[k][0..BQ), on the first qv of
  * the QV query vectors (a block's last rows may fill fewer: the lanes past
- * them are neither computed nor read). Inlined with constant mr and qv so
+ * them are neither computed nor read); mx, if not NULL, takes the max of
+ * C's rows per vector (the softmax's row max without a pass over S^T). Inlined with constant mr and qv so
  * the accumulators stay in registers. In pair mode each A and B element is
  * a pair of bf16 and the step is a two-term dot product.
  */
 static inline __attribute__((always_inline)) void ukr(const int mr, const int qv, int K,
                                                       const a_elem *a, ptrdiff_t rs, ptrdiff_t cs,
-                                                      const b_elem *b, float *c, int accumulate)
+                                                      const b_elem *b, float *c, int accumulate,
+                                                      vec *mx)
 {
     vec acc[MR][QV];
     for (int i = 0; i < mr; i++)
@@ -112,6 +114,10 @@ static inline __attribute__((always_inline)) void ukr(const int mr, const int qv
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < qv; v++)
             V_STORE(c + i * BQ + v * VL, acc[i][v]);
+    if (mx) /* the scores' column max, while they are in registers */
+        for (int v = 0; v < qv; v++)
+            for (int i = 0; i < mr; i++)
+                mx[v] = V_MAX(mx[v], acc[i][v]);
 }
 
 /* Row blocks of MR with one dispatch for the tail, so every call site sees
@@ -119,23 +125,23 @@ static inline __attribute__((always_inline)) void ukr(const int mr, const int qv
 static inline __attribute__((always_inline)) void gemm_rows_qv(const int qv, int rows, int K,
                                                                const a_elem *a, ptrdiff_t rs,
                                                                ptrdiff_t cs, const b_elem *b,
-                                                               float *c, int accumulate)
+                                                               float *c, int accumulate, vec *mx)
 {
     int i = 0;
     for (; i + MR <= rows; i += MR)
-        ukr(MR, qv, K, a + i * rs, rs, cs, b, c + (ptrdiff_t)i * BQ, accumulate);
+        ukr(MR, qv, K, a + i * rs, rs, cs, b, c + (ptrdiff_t)i * BQ, accumulate, mx);
     const int t = rows - i;
     a += i * rs, c += (ptrdiff_t)i * BQ;
     switch (t) {
 #if MR > 7
-    case 7: ukr(7, qv, K, a, rs, cs, b, c, accumulate); break;
-    case 6: ukr(6, qv, K, a, rs, cs, b, c, accumulate); break;
-    case 5: ukr(5, qv, K, a, rs, cs, b, c, accumulate); break;
-    case 4: ukr(4, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 7: ukr(7, qv, K, a, rs, cs, b, c, accumulate, mx); break;
+    case 6: ukr(6, qv, K, a, rs, cs, b, c, accumulate, mx); break;
+    case 5: ukr(5, qv, K, a, rs, cs, b, c, accumulate, mx); break;
+    case 4: ukr(4, qv, K, a, rs, cs, b, c, accumulate, mx); break;
 #endif
-    case 3: ukr(3, qv, K, a, rs, cs, b, c, accumulate); break;
-    case 2: ukr(2, qv, K, a, rs, cs, b, c, accumulate); break;
-    case 1: ukr(1, qv, K, a, rs, cs, b, c, accumulate); break;
+    case 3: ukr(3, qv, K, a, rs, cs, b, c, accumulate, mx); break;
+    case 2: ukr(2, qv, K, a, rs, cs, b, c, accumulate, mx); break;
+    case 1: ukr(1, qv, K, a, rs, cs, b, c, accumulate, mx); break;
     default: break;
     }
 }
@@ -144,14 +150,14 @@ static inline __attribute__((always_inline)) void gemm_rows_qv(const int qv, int
 #error "gemm_rows dispatches qv = 1..3"
 #endif
 static void gemm_rows(int qv, int rows, int K, const a_elem *a, ptrdiff_t rs, ptrdiff_t cs,
-                      const b_elem *b, float *c, int accumulate)
+                      const b_elem *b, float *c, int accumulate, vec *mx)
 {
     if (qv == 1)
-        gemm_rows_qv(1, rows, K, a, rs, cs, b, c, accumulate);
+        gemm_rows_qv(1, rows, K, a, rs, cs, b, c, accumulate, mx);
     else if (qv == 2)
-        gemm_rows_qv(2, rows, K, a, rs, cs, b, c, accumulate);
+        gemm_rows_qv(2, rows, K, a, rs, cs, b, c, accumulate, mx);
     else
-        gemm_rows_qv(QV, rows, K, a, rs, cs, b, c, accumulate);
+        gemm_rows_qv(QV, rows, K, a, rs, cs, b, c, accumulate, mx);
 }
 
 /*
@@ -350,28 +356,51 @@ static void mask_tile_general(float *st, int bk, const int64_t *idx, int64_t p0,
     }
 }
 
-/* Online softmax over a P^T tile: updates m, l and rescales O^T. */
-static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D, int qv)
+/*
+ * Online softmax over a tile of scores s (P^T = exp(scale s - m) in
+ * place): updates m and l and rescales O^T, unless no query's max moved
+ * (most tiles after the first few: alpha is 1). mx: the tile's max per
+ * query from the scores' micro-kernel (unscaled like s), or NULL to find
+ * it here (a masked tile: its max is of the masked scores).
+ */
+static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D, int qv, const vec *mx_in,
+                         float scale)
 {
+    const vec sc = V_SET1(scale);
     for (int v = 0; v < qv; v++) {
-        vec mx = V_LOAD(qb->m + v * VL);
-        for (int j = 0; j < bk; j++)
-            mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+        vec tmax;
+        if (mx_in) {
+            tmax = mx_in[v];
+        } else {
+            tmax = V_SET1(-INFINITY);
+            for (int j = 0; j < bk; j++)
+                tmax = V_MAX(tmax, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+        }
+        const vec old = V_LOAD(qb->m + v * VL);
+        const vec mx = V_MAX(old, V_MUL(tmax, sc)); /* old second: NaN scores stay */
         /* A query that has seen no key yet keeps m = -inf; subtracting 0
          * instead keeps exp(-inf) = 0 rather than NaN. */
-        float mb[VL];
+        float mb[VL], ob[VL];
         V_STORE(mb, mx);
-        for (int i = 0; i < VL; i++)
-            mb[i] = mb[i] == -INFINITY ? 0.0f : mb[i];
-        const vec mu = V_LOAD(mb);
-        const vec alpha = V_EXP(V_ADD(V_LOAD(qb->m + v * VL), V_MUL(mu, V_SET1(-1.0f))));
+        V_STORE(ob, old);
+        int moved = 0;
+        for (int i = 0; i < VL; i++) {
+            moved |= !(mb[i] == ob[i]);
+            mb[i] = mb[i] == -INFINITY ? 0.0f : -mb[i];
+        }
+        const vec neg = V_LOAD(mb);
         vec sum = V_ZERO();
         for (int j = 0; j < bk; j++) {
             float *p = st + (ptrdiff_t)j * BQ + v * VL;
-            const vec e = V_EXP(V_ADD(V_LOAD(p), V_MUL(mu, V_SET1(-1.0f))));
+            const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
             V_STORE(p, e);
             sum = V_ADD(sum, e);
         }
+        if (!moved) {
+            V_STORE(qb->l + v * VL, V_ADD(V_LOAD(qb->l + v * VL), sum));
+            continue;
+        }
+        const vec alpha = V_EXP(V_ADD(old, neg));
         V_STORE(qb->l + v * VL, V_FMA(V_LOAD(qb->l + v * VL), alpha, sum));
         V_STORE(qb->m + v * VL, mx);
         for (int64_t d = 0; d < D; d++) {
@@ -461,16 +490,50 @@ static void load_kv(const sdpa_call *c, const workspace *w, const flash_task *tk
 #endif
 }
 
-/* S^T [bk][BQ] = K . Q^T over the packed keys, in scaled units. */
-static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int bk, int qv)
+/*
+ * S^T [bk][BQ] = K . Q^T over the packed keys, and in mx (if not NULL)
+ * their max per query. f32 products give scaled scores (the scale is in
+ * Q^T); pair mode gives them unscaled, the softmax applies score_scale()
+ * (one multiply-add with the max it subtracts), except under a general
+ * mask, which is defined on scaled scores, or a scale <= 0, which would
+ * turn the max into a min: those are scaled here (and mx is not found).
+ */
+static int scale_deferred(const sdpa_call *c)
+{
+#ifdef TILED_PAIRS
+    /* a max of unscaled scores is the max of scaled ones only for scale > 0 */
+    return !(c->mask && c->mask->general) && c->scale > 0;
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
+static float score_scale(const sdpa_call *c) { return scale_deferred(c) ? (float)c->scale : 1.0f; }
+
+/* Whether the scores' micro-kernel may find a tile's max (an unmasked
+ * tile, scores not scaled after it). */
+static int max_fused(const sdpa_call *c, int masked)
+{
+#ifdef TILED_PAIRS
+    return !masked && scale_deferred(c);
+#else
+    (void)c;
+    return !masked;
+#endif
+}
+
+static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int bk, int qv,
+                   vec *mx)
 {
     const int64_t D = c->desc.D;
 #ifdef TILED_PAIRS
     const int Dh = (int)(D + 1) / 2;
-    gemm_rows(qv, bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0);
-    scale_tile(w->st, bk, (float)c->scale);
+    gemm_rows(qv, bk, Dh, (const a_elem *)w->k, Dh, 1, (const b_elem *)qb->qt, w->st, 0, mx);
+    if (!scale_deferred(c))
+        scale_tile(w->st, bk, (float)c->scale);
 #else
-    gemm_rows(qv, bk, (int)D, w->k, D, 1, qb->qt, w->st, 0);
+    gemm_rows(qv, bk, (int)D, w->k, D, 1, qb->qt, w->st, 0, mx);
 #endif
 }
 
@@ -482,10 +545,19 @@ static void values(const sdpa_call *c, const workspace *w, const qblock *qb, int
 #ifdef TILED_PAIRS
     pack_p_pairs(w->st, bk, qv);
     gemm_rows(qv, (int)D, (bk + 1) / 2, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot,
-              accumulate);
+              accumulate, NULL);
 #else
-    gemm_rows(qv, (int)D, bk, w->v, 1, D, w->st, qb->ot, accumulate);
+    gemm_rows(qv, (int)D, bk, w->v, 1, D, w->st, qb->ot, accumulate, NULL);
 #endif
+}
+
+/* Whether the S^T tile of keys p0 .. p0 + bk for the query block at i0
+ * has masked entries (causal across it, or a general mask). */
+static int tile_masked(const sdpa_call *c, const flash_task *tk, const int64_t *keys, int64_t p0,
+                       int bk, int64_t i0)
+{
+    return (tk->causal && flash_key(keys, p0 + bk - 1) > i0 + tk->offset) ||
+           (c->mask && c->mask->general);
 }
 
 /* Causal and general masks on the S^T tile of keys p0 .. p0 + bk. */
@@ -531,9 +603,15 @@ static void task_fn(void *arg, int64_t task, int worker)
             if (tk.causal && k_first > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
             const int qv = (flash_block_rows(jb->split.rows, i0, BQ) + VL - 1) / VL;
-            scores(c, w, qb, bk, qv);
-            mask_scores(c, w, &tk, keys, p0, bk, i0);
-            softmax_tile(w->st, bk, qb, D, qv);
+            const int masked = tile_masked(c, &tk, keys, p0, bk, i0);
+            vec mx[QV];
+            for (int v = 0; v < QV; v++)
+                mx[v] = V_SET1(-INFINITY);
+            vec *mxp = max_fused(c, masked) ? mx : NULL;
+            scores(c, w, qb, bk, qv, mxp);
+            if (masked)
+                mask_scores(c, w, &tk, keys, p0, bk, i0);
+            softmax_tile(w->st, bk, qb, D, qv, mxp, score_scale(c));
             values(c, w, qb, bk, qv, 1);
         }
     }
@@ -544,14 +622,23 @@ static void task_fn(void *arg, int64_t task, int worker)
 }
 
 /* Softmax over all the keys at once (short path): m = row max, P^T =
- * exp(S^T - m) in place, l = sum. A query that saw no key keeps m = -inf
- * and l = 0 (exp(-inf - 0) = 0), stored as zeros. */
-static void softmax_full(float *st, int bk, const qblock *qb, int qv)
+ * exp(scale s - m) in place, l = sum. A query that saw no key keeps
+ * m = -inf and l = 0 (exp(-inf - 0) = 0), stored as zeros. mx_in, scale:
+ * as for softmax_tile. */
+static void softmax_full(float *st, int bk, const qblock *qb, int qv, const vec *mx_in,
+                         float scale)
 {
+    const vec sc = V_SET1(scale);
     for (int v = 0; v < qv; v++) {
-        vec mx = V_SET1(-INFINITY);
-        for (int j = 0; j < bk; j++)
-            mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+        vec mx;
+        if (mx_in) {
+            mx = mx_in[v];
+        } else {
+            mx = V_SET1(-INFINITY);
+            for (int j = 0; j < bk; j++)
+                mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+        }
+        mx = V_MUL(mx, sc);
         float mb[VL];
         V_STORE(qb->m + v * VL, mx);
         V_STORE(mb, mx);
@@ -561,7 +648,7 @@ static void softmax_full(float *st, int bk, const qblock *qb, int qv)
         vec sum = V_ZERO();
         for (int j = 0; j < bk; j++) {
             float *p = st + (ptrdiff_t)j * BQ + v * VL;
-            const vec e = V_EXP(V_ADD(V_LOAD(p), neg));
+            const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
             V_STORE(p, e);
             sum = V_ADD(sum, e);
         }
@@ -620,10 +707,15 @@ static void task_short_fn(void *arg, int64_t task, int worker)
                           c->desc.D, 0);
         if (nk > 0) {
             const int qv = (rows + VL - 1) / VL; /* vectors of real rows */
-            scores(c, w, qb, (int)nk, qv);
+            const int masked = tile_masked(c, &tk, keys, 0, (int)nk, i0);
+            vec mx[QV];
+            for (int v = 0; v < QV; v++)
+                mx[v] = V_SET1(-INFINITY);
+            vec *mxp = max_fused(c, masked) ? mx : NULL;
+            scores(c, w, qb, (int)nk, qv, mxp);
             prefetch_rows(c->out, &tk, i0, rows, c->desc.D, 1);
             mask_scores(c, w, &tk, keys, 0, (int)nk, i0);
-            softmax_full(w->st, (int)nk, qb, qv);
+            softmax_full(w->st, (int)nk, qb, qv, mxp, score_scale(c));
             values(c, w, qb, (int)nk, qv, 0);
         } else {
             memset(qb->ot, 0, sizeof(float) * (size_t)c->desc.D * BQ);

@@ -294,6 +294,14 @@ static void grid(const char *backend)
                 c.causal = (sdpa_causal)causal;
                 check_case(backend, &c);
             }
+    /* Negative scales (the max of the scaled scores is then the min of the
+     * products), short and long key ranges, bf16 and f32. */
+    for (int in = 0; in < SDPA_DTYPE_COUNT; in += 2)
+        for (int i = 0; i < 2; i++) {
+            c = mk(1, 60, i ? 600 : 90, 2, 2, 64);
+            c.scale = -0.3, c.dtype = (sdpa_dtype)in, c.causal = (sdpa_causal)i;
+            check_case(backend, &c);
+        }
     /* A huge finite scale: no undefined behaviour, the largest score wins. */
     c = mk(1, 40, 70, 2, 2, 64);
     c.scale = 1e30;
