@@ -51,7 +51,15 @@
 #include <string.h>
 
 #define BQ (QV * VL)
+/* Keys per K/V block. Pair mode's micro-kernel runs half as many
+ * reduction steps per key, so its blocks are twice as long to keep the
+ * accumulator loads and stores of O^T as rare (flux1-joint bf16: 77% ->
+ * 80% of the VDPBF16PS ceiling; f32 showed no difference). */
+#ifdef TILED_PAIRS
+#define BK 256
+#else
 #define BK 128
+#endif
 
 #ifndef TILED_PAIRS /* fp32 products: one A element, one B element per step */
 typedef float a_elem;
@@ -309,19 +317,6 @@ static void scale_tile(float *st, int bk, float scale)
         V_STORE(st + i, V_MUL(V_LOAD(st + i), s));
 }
 
-/* P^T [bk][BQ] fp32 -> [bkp/2][BQ] bf16 pairs of consecutive keys, in place
- * (pair row i is written after rows 2i and 2i + 1 are read). */
-static void pack_p_pairs(float *st, int bk, int qv)
-{
-    uint32_t *pt = (uint32_t *)st;
-    for (int i = 0; i < (bk + 1) / 2; i++)
-        for (int v = 0; v < qv; v++) {
-            const vec lo = V_LOAD(st + (ptrdiff_t)(2 * i) * BQ + v * VL);
-            const vec hi = 2 * i + 1 < bk ? V_LOAD(st + (ptrdiff_t)(2 * i + 1) * BQ + v * VL)
-                                          : V_ZERO();
-            PACK_PAIRS(pt + (ptrdiff_t)i * BQ + v * VL, lo, hi);
-        }
-}
 #endif
 
 /* Masks S^T entries (key kj = flash_key(idx, p0 + j), query i0 + r) with
@@ -357,6 +352,37 @@ static void mask_tile_general(float *st, int bk, const int64_t *idx, int64_t p0,
 }
 
 /*
+ * P^T = exp(scale s + neg) down the v-th vector of every key row, in place;
+ * returns the sum. In pair mode the probabilities are stored as bf16 pairs
+ * of consecutive keys, what values() multiplies, in the same pass: pair
+ * row i lands on fp32 row i, which was read before (i > 0) or just now
+ * (i = 0); an odd last key pairs with zero.
+ */
+static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg)
+{
+    vec sum = V_ZERO();
+#ifdef TILED_PAIRS
+    uint32_t *pt = (uint32_t *)st;
+    for (int j = 0; j < bk; j += 2) {
+        const vec lo = V_EXP(V_FMA(V_LOAD(st + (ptrdiff_t)j * BQ + v * VL), sc, neg));
+        const vec hi = j + 1 < bk
+                           ? V_EXP(V_FMA(V_LOAD(st + (ptrdiff_t)(j + 1) * BQ + v * VL), sc, neg))
+                           : V_ZERO();
+        sum = V_ADD(sum, V_ADD(lo, hi));
+        PACK_PAIRS(pt + (ptrdiff_t)(j / 2) * BQ + v * VL, lo, hi);
+    }
+#else
+    for (int j = 0; j < bk; j++) {
+        float *p = st + (ptrdiff_t)j * BQ + v * VL;
+        const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
+        V_STORE(p, e);
+        sum = V_ADD(sum, e);
+    }
+#endif
+    return sum;
+}
+
+/*
  * Online softmax over a tile of scores s (P^T = exp(scale s - m) in
  * place): updates m and l and rescales O^T, unless no query's max moved
  * (most tiles after the first few: alpha is 1). mx: the tile's max per
@@ -389,13 +415,7 @@ static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D, int qv,
             mb[i] = mb[i] == -INFINITY ? 0.0f : -mb[i];
         }
         const vec neg = V_LOAD(mb);
-        vec sum = V_ZERO();
-        for (int j = 0; j < bk; j++) {
-            float *p = st + (ptrdiff_t)j * BQ + v * VL;
-            const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
-            V_STORE(p, e);
-            sum = V_ADD(sum, e);
-        }
+        const vec sum = exp_rows(st, bk, v, sc, neg);
         if (!moved) {
             V_STORE(qb->l + v * VL, V_ADD(V_LOAD(qb->l + v * VL), sum));
             continue;
@@ -537,13 +557,14 @@ static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int
 #endif
 }
 
-/* O^T (+)= V^T . P^T over the packed keys (P^T in w->st, fp32). */
+/* O^T (+)= V^T . P^T over the packed keys (P^T in w->st: fp32, or in
+ * pair mode bf16 pairs, exp_rows). */
 static void values(const sdpa_call *c, const workspace *w, const qblock *qb, int bk, int qv,
                    int accumulate)
 {
     const int64_t D = c->desc.D;
 #ifdef TILED_PAIRS
-    pack_p_pairs(w->st, bk, qv);
+    (void)qv;
     gemm_rows(qv, (int)D, (bk + 1) / 2, (const a_elem *)w->v, 1, D, (const b_elem *)w->st, qb->ot,
               accumulate, NULL);
 #else
@@ -645,13 +666,7 @@ static void softmax_full(float *st, int bk, const qblock *qb, int qv, const vec 
         for (int i = 0; i < VL; i++)
             mb[i] = mb[i] == -INFINITY ? 0.0f : -mb[i];
         const vec neg = V_LOAD(mb);
-        vec sum = V_ZERO();
-        for (int j = 0; j < bk; j++) {
-            float *p = st + (ptrdiff_t)j * BQ + v * VL;
-            const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
-            V_STORE(p, e);
-            sum = V_ADD(sum, e);
-        }
+        const vec sum = exp_rows(st, bk, v, sc, neg);
         V_STORE(qb->l + v * VL, sum);
     }
 }
