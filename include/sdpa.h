@@ -374,6 +374,23 @@ sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path);
 sdpa_status sdpa_context_load_policy_text(sdpa_context *ctx, const char *text,
                                           const char *origin);
 
+/*
+ * Wisdom: rules measured on this machine by `sdpa tune --install`, which
+ * every context loads at creation (not with opts->ignore_env) after the
+ * built-in rules and before SDPA_POLICY / opts->policy_file. Lookup:
+ * SDPA_WISDOM=PATH names the only file ("none": no wisdom); otherwise
+ * ~/.config/libsdpa/wisdom.rules ($XDG_CONFIG_HOME/libsdpa/... when set)
+ * is tried before the system's <sysconfdir>/libsdpa/wisdom.rules. A file
+ * whose `require` lines do not match this CPU, ISA and libsdpa version is
+ * ignored (logged at info level), one that does not parse is ignored with
+ * a warning. This returns what happened, a line per file ("in force PATH",
+ * "ignored PATH: why") or why there is none; owned by the context.
+ */
+const char *sdpa_context_wisdom(const sdpa_context *ctx);
+/* The wisdom file of this user (system = 0) or of the system (1), as the
+ * lookup above names it; "" when neither XDG_CONFIG_HOME nor HOME is set. */
+void sdpa_wisdom_path(int system, char *buf, size_t n);
+
 /* Per-component override: calls and layers whose component equals
  * `component` use `backend` (NULL removes the override). */
 sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *component,

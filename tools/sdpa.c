@@ -64,6 +64,9 @@ static const command commands[] = {
      "  --rounds N  --dtype ..  --threads N  --json\n"},
     {"tune", cmd_tune, "policy rules from measurements, with evidence",
      "  --suite FILE | --shape ..  --out RULES\n"
+     "  --install [--system]   instead of --out: as this user's (or the system's)\n"
+     "                         wisdom, which every context loads (default suite\n"
+     "                         diffusion-cpu); see `sdpa info` for the lookup\n"
      "  --backends a,b  --reps N  --dtype ..  --threads N  --min-gain F\n"},
     {"dit", cmd_dit, "a small diffusion transformer end to end; two arms: PSNR/SSIM",
      "  --config image|video  --steps K  --seed N  --threads N  --verbose\n"

@@ -134,24 +134,30 @@ sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out)
 }
 
 /* A tuned file names the machine and version it was measured on; timings
- * from elsewhere are not evidence here. */
-static sdpa_status check_foreign(const sdpa_context *ctx, const sdpa_policy *pol,
-                                 const char *origin)
+ * from elsewhere are not evidence here. Why pol was not made here, or ""
+ * when its require lines match. */
+static void foreign_reason(const sdpa_context *ctx, const sdpa_policy *pol, char *why, size_t n)
 {
-    char why[256] = "";
     char have[96], want[96];
+    why[0] = '\0';
     if (pol->req_version[0] && strcmp(pol->req_version, SDPA_VERSION_STRING) != 0)
-        snprintf(why, sizeof why, "made for libsdpa %s, this is %s", pol->req_version,
+        snprintf(why, n, "made for libsdpa %s, this is %s", pol->req_version,
                  SDPA_VERSION_STRING);
     else if (pol->req_cpu_model[0] && strcmp(pol->req_cpu_model, ctx->host.cpu_model) != 0)
-        snprintf(why, sizeof why, "made on CPU '%s', this is '%s'", pol->req_cpu_model,
+        snprintf(why, n, "made on CPU '%s', this is '%s'", pol->req_cpu_model,
                  ctx->host.cpu_model);
     else if (pol->has_req_isa && pol->req_isa != ctx->host.cpu_features) {
         sdpa__isa_list(pol->req_isa, want, sizeof want);
         sdpa__isa_list(ctx->host.cpu_features, have, sizeof have);
-        snprintf(why, sizeof why, "made for CPU features [%s], this machine has [%s]", want,
-                 have);
+        snprintf(why, n, "made for CPU features [%s], this machine has [%s]", want, have);
     }
+}
+
+static sdpa_status check_foreign(const sdpa_context *ctx, const sdpa_policy *pol,
+                                 const char *origin)
+{
+    char why[256];
+    foreign_reason(ctx, pol, why, sizeof why);
     if (!why[0])
         return SDPA_OK;
     if (ctx->foreign_policy) {
@@ -165,16 +171,9 @@ static sdpa_status check_foreign(const sdpa_context *ctx, const sdpa_policy *pol
                       origin, pol->req_line, why);
 }
 
-static sdpa_status install_policy(sdpa_context *ctx, const char *text, const char *origin)
+/* Puts a parsed policy in front of the others (takes pol in every case). */
+static sdpa_status install_parsed(sdpa_context *ctx, sdpa_policy *pol, const char *origin)
 {
-    sdpa_policy *pol;
-    sdpa_status st = sdpa__policy_parse(text, origin, name_known, ctx, &pol);
-    if (st != SDPA_OK)
-        return st;
-    if ((st = check_foreign(ctx, pol, origin)) != SDPA_OK) {
-        sdpa__policy_free(pol);
-        return st;
-    }
     pthread_rwlock_wrlock(&ctx->lock);
     if (ctx->n_policies == SDPA_MAX_POLICIES + 1) {
         pthread_rwlock_unlock(&ctx->lock);
@@ -194,6 +193,19 @@ static sdpa_status install_policy(sdpa_context *ctx, const char *text, const cha
     return SDPA_OK;
 }
 
+static sdpa_status install_policy(sdpa_context *ctx, const char *text, const char *origin)
+{
+    sdpa_policy *pol;
+    sdpa_status st = sdpa__policy_parse(text, origin, name_known, ctx, &pol);
+    if (st != SDPA_OK)
+        return st;
+    if ((st = check_foreign(ctx, pol, origin)) != SDPA_OK) {
+        sdpa__policy_free(pol);
+        return st;
+    }
+    return install_parsed(ctx, pol, origin);
+}
+
 sdpa_status sdpa_context_load_policy_text(sdpa_context *ctx, const char *text, const char *origin)
 {
     if (!ctx || !text)
@@ -207,10 +219,10 @@ sdpa_status sdpa_context_load_policy_text(sdpa_context *ctx, const char *text, c
 /* Rule files are a few KiB; a larger one is a mistake (or not a rule file). */
 #define SDPA_POLICY_MAX_BYTES (1 << 20)
 
-sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
+/* A rule file's text (release with free), checked as sdpa_context_load_policy says. */
+static sdpa_status read_rule_file(const char *path, char **out)
 {
-    if (!ctx || !path)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "path" : "ctx");
+    *out = NULL;
     /* Non-blocking open, so a FIFO is refused rather than waited on; only
      * regular files of at most SDPA_POLICY_MAX_BYTES are read. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -271,7 +283,19 @@ sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
         free(text);
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "policy file '%s' contains a NUL byte", path);
     }
-    sdpa_status st = install_policy(ctx, text, path);
+    *out = text;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_context_load_policy(sdpa_context *ctx, const char *path)
+{
+    if (!ctx || !path)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "path" : "ctx");
+    char *text;
+    sdpa_status st = read_rule_file(path, &text);
+    if (st != SDPA_OK)
+        return st;
+    st = install_policy(ctx, text, path);
     free(text);
     if (st == SDPA_OK)
         sdpa__clear_error();
@@ -316,6 +340,103 @@ sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *co
     return st;
 }
 
+/*
+ * Wisdom, as FFTW calls it: the rules `sdpa tune --install` measured on
+ * this machine, loaded by every context (unless opts->ignore_env) after
+ * the built-in rules and before SDPA_POLICY / opts->policy_file, so that
+ * an explicit file still wins. Lookup order (sdpa.h, README):
+ *   SDPA_WISDOM=PATH      that file only ("none": no wisdom at all)
+ *   otherwise             SDPA_SYSCONFDIR/libsdpa/wisdom.rules (system),
+ *                         then $XDG_CONFIG_HOME/libsdpa/wisdom.rules or
+ *                         ~/.config/libsdpa/wisdom.rules (this user's,
+ *                         tried before the system's)
+ * A missing file is skipped quietly. A file whose `require` lines name
+ * another CPU, ISA or libsdpa version is ignored, saying why at info level;
+ * one that does not parse is ignored with a warning: a stale or broken
+ * file must never stop a program from creating its context.
+ */
+void sdpa_wisdom_path(int system, char *buf, size_t n)
+{
+    if (!buf || n == 0)
+        return;
+    const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    if (system)
+        snprintf(buf, n, "%s/libsdpa/wisdom.rules", SDPA_SYSCONFDIR);
+    else if (xdg && *xdg)
+        snprintf(buf, n, "%s/libsdpa/wisdom.rules", xdg);
+    else if (home && *home)
+        snprintf(buf, n, "%s/.config/libsdpa/wisdom.rules", home);
+    else
+        buf[0] = '\0';
+}
+
+static void wisdom_note(sdpa_context *ctx, const char *fmt, const char *path, const char *why)
+{
+    size_t len = strlen(ctx->wisdom);
+    snprintf(ctx->wisdom + len, sizeof ctx->wisdom - len, fmt, path, why);
+}
+
+static void load_wisdom_file(sdpa_context *ctx, const char *path, int named)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) {
+        if (named)
+            wisdom_note(ctx, "ignored %s: %s\n", path, "no such file (SDPA_WISDOM)");
+        return;
+    }
+    char *text;
+    sdpa_policy *pol = NULL;
+    sdpa_status st = read_rule_file(path, &text);
+    if (st == SDPA_OK) {
+        st = sdpa__policy_parse(text, path, name_known, ctx, &pol);
+        free(text);
+    }
+    if (st != SDPA_OK) {
+        sdpa__log(&ctx->log, SDPA_LOG_WARN, "wisdom %s ignored: %s", path, sdpa_last_error());
+        wisdom_note(ctx, "ignored %s: %s\n", path, sdpa_last_error());
+        sdpa__clear_error();
+        return;
+    }
+    char why[256];
+    foreign_reason(ctx, pol, why, sizeof why);
+    if (why[0]) {
+        sdpa__log(&ctx->log, SDPA_LOG_INFO, "wisdom %s ignored: %s", path, why);
+        wisdom_note(ctx, "ignored %s: %s\n", path, why);
+        sdpa__policy_free(pol);
+        return;
+    }
+    if (install_parsed(ctx, pol, path) != SDPA_OK) {
+        wisdom_note(ctx, "ignored %s: %s\n", path, sdpa_last_error());
+        sdpa__clear_error();
+        return;
+    }
+    sdpa__log(&ctx->log, SDPA_LOG_INFO, "wisdom %s in force", path);
+    wisdom_note(ctx, "in force %s%s\n", path, "");
+}
+
+static void load_wisdom(sdpa_context *ctx)
+{
+    const char *env = getenv("SDPA_WISDOM");
+    if (env) {
+        if (!*env || strcmp(env, "none") == 0)
+            snprintf(ctx->wisdom, sizeof ctx->wisdom, "none (SDPA_WISDOM=%s)\n", env);
+        else
+            load_wisdom_file(ctx, env, 1);
+        return;
+    }
+    char sys[400], user[400];
+    sdpa_wisdom_path(1, sys, sizeof sys);
+    sdpa_wisdom_path(0, user, sizeof user);
+    load_wisdom_file(ctx, sys, 0); /* the user's is installed after it: tried first */
+    if (user[0])
+        load_wisdom_file(ctx, user, 0);
+    if (!ctx->wisdom[0])
+        snprintf(ctx->wisdom, sizeof ctx->wisdom, "none found (looked for %s and %s)\n", user,
+                 sys);
+}
+
+const char *sdpa_context_wisdom(const sdpa_context *ctx) { return ctx ? ctx->wisdom : ""; }
+
 static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
 {
     const char *s;
@@ -352,6 +473,10 @@ static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
                               "SDPA_BACKEND='%s' unknown (see `sdpa info` for the names)", s);
     }
+    if (o->ignore_env)
+        snprintf(ctx->wisdom, sizeof ctx->wisdom, "not looked for (ignore_env)\n");
+    else
+        load_wisdom(ctx);
     const char *policy = o->policy_file;
     if (!policy && !o->ignore_env && (s = getenv("SDPA_POLICY")) && *s)
         policy = s;

@@ -44,6 +44,9 @@ struct sdpa_context {
     _Atomic unsigned generation;
 
     int env_backend; /* SDPA_BACKEND's backend index, or -1 */
+    /* The wisdom files looked for at creation, a line each: "in force
+     * PATH", "ignored PATH: why"; or why none (sdpa_context_wisdom). */
+    char wisdom[1024];
     int foreign_policy; /* 1: load rule files made elsewhere, with a warning */
 };
 

@@ -300,6 +300,9 @@ static char *explain_text(const sdpa_context *ctx, const sdpa_call_desc *d,
                     d->quant ? d->quant : "");
     platform_text(&ctx->platform, d, line, sizeof line);
     sdpa__sb_printf(&sb, "platform    %s\n", line);
+    const char *w = sdpa_context_wisdom(ctx); /* the first line: what is in force, or why not */
+    sdpa__sb_printf(&sb, "wisdom      %.*s%s\n", (int)strcspn(w, "\n"), w,
+                    strchr(w, '\n') && strchr(w, '\n')[1] ? " (more: sdpa info)" : "");
     if (dec->source == SDPA_SOURCE_RULE) {
         sdpa__sb_printf(&sb, "decided by  rule '%s' (%s)\n", dec->rule, dec->rule_origin);
         sdpa__sb_printf(&sb, "  when      %s\n", dec->source_detail);

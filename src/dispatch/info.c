@@ -68,6 +68,14 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
                         p->cc_minor, p->cudnn_version);
     else
         sdpa__sb_printf(sb, "cuda      none: %s\n", p->cuda_why);
+    /* one line per wisdom file looked at, or why there is none */
+    const char *w = sdpa_context_wisdom(ctx);
+    for (int first = 1; *w; first = 0) {
+        const char *eol = strchr(w, '\n');
+        const int len = eol ? (int)(eol - w) : (int)strlen(w);
+        sdpa__sb_printf(sb, "%s%.*s\n", first ? "wisdom    " : "          ", len, w);
+        w += len + (eol != NULL);
+    }
     const char *backend, *source;
     char rule[64];
     probe_decision(ctx, &backend, &source, rule, sizeof rule, dec);
@@ -132,6 +140,46 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
         json_key(sb, "why", p->cuda_why, 1);
         sdpa__sb_printf(sb, "}");
     }
+    /* wisdom: {"in_force": [paths], "ignored": [{"path", "why"}], "note"} */
+    sdpa__sb_printf(sb, ",\"wisdom\":{\"in_force\":[");
+    char line[1024];
+    n = 0;
+    for (const char *w = sdpa_context_wisdom(ctx); *w;) {
+        const char *eol = strchr(w, '\n');
+        const size_t len = eol ? (size_t)(eol - w) : strlen(w);
+        snprintf(line, sizeof line, "%.*s", (int)len, w);
+        w += len + (eol != NULL);
+        if (strncmp(line, "in force ", 9) == 0) {
+            sdpa__sb_printf(sb, "%s", n++ ? "," : "");
+            sdpa__sb_json_string(sb, line + 9);
+        }
+    }
+    sdpa__sb_printf(sb, "],\"ignored\":[");
+    n = 0;
+    const char *note = NULL;
+    for (const char *w = sdpa_context_wisdom(ctx); *w;) {
+        const char *eol = strchr(w, '\n');
+        const size_t len = eol ? (size_t)(eol - w) : strlen(w);
+        snprintf(line, sizeof line, "%.*s", (int)len, w);
+        w += len + (eol != NULL);
+        char *colon = strstr(line, ": ");
+        if (strncmp(line, "ignored ", 8) == 0 && colon) {
+            *colon = '\0';
+            sdpa__sb_printf(sb, "%s{", n++ ? "," : "");
+            json_key(sb, "path", line + 8, 0);
+            json_key(sb, "why", colon + 2, 1);
+            sdpa__sb_printf(sb, "}");
+        } else if (strncmp(line, "in force ", 9) != 0) {
+            note = sdpa_context_wisdom(ctx); /* "none found ...", one line */
+        }
+    }
+    sdpa__sb_printf(sb, "]");
+    if (note) {
+        snprintf(line, sizeof line, "%s", note);
+        line[strcspn(line, "\n")] = '\0';
+    }
+    json_key(sb, "note", note ? line : NULL, 1);
+    sdpa__sb_printf(sb, "}");
     const char *backend, *source;
     char rule[64];
     probe_decision(ctx, &backend, &source, rule, sizeof rule, dec);

@@ -44,6 +44,7 @@ def sdpa(*args, env=None, cwd=None, memory_cap=None, timeout=600):
     for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA", "SDPA_CUDA_PLUGIN",
               "OPENBLAS_NUM_THREADS"):
         e.pop(k, None)
+    e["SDPA_WISDOM"] = "none"  # whatever the machine's own wisdom says; tests below set it
     e.update(env or {})
 
     def cap():  # a virtual-memory cap, as a batch scheduler would set
@@ -612,6 +613,50 @@ r = sdpa("explain", "--shape", "1,48,48,2,2,32",
 check(r.returncode == 0 and "loaded anyway" in r.stderr, f"foreign with warn: {r.stderr!r}")
 r = sdpa("tune", "--shape", "1,48,48,2,2,32")
 check(r.returncode == 2 and "--out" in r.stderr, f"tune without --out: {r.stderr!r}")
+
+# ---- wisdom: tune --install writes rules every context loads (and ignores when foreign)
+wenv = {"XDG_CONFIG_HOME": path("xdg")}
+wise = os.path.join(path("xdg"), "libsdpa", "wisdom.rules")
+
+
+def wrun(*args, extra=None):  # sdpa() pins SDPA_WISDOM=none: here the lookup runs
+    e = dict(os.environ)
+    e.pop("SDPA_WISDOM", None)
+    e.update(wenv)
+    e.update(extra or {})
+    return subprocess.run([SDPA, *args], capture_output=True, text=True, env=e, timeout=600)
+r = wrun("info")
+check(r.returncode == 0 and "wisdom    none found (looked for " + wise in r.stdout,
+      f"info without wisdom: {r.stdout}")
+r = wrun("tune", "--install", "--shape", "1,48,48,2,2,32", "--reps", "3")
+check(r.returncode == 0 and os.path.exists(wise) and "in force " + wise in r.stdout,
+      f"tune --install: {r.stdout} {r.stderr}")
+r = wrun("info")
+check("wisdom    in force " + wise in r.stdout, f"info names the wisdom in force: {r.stdout}")
+r = wrun("info", "--json")
+j = json.loads(r.stdout) if r.returncode == 0 else {}
+check(j.get("wisdom", {}).get("in_force") == [wise], f"info --json wisdom: {r.stdout[:300]}")
+r = wrun("explain", "--shape", "1,48,48,2,2,32")
+check(r.returncode == 0 and "wisdom      in force " + wise in r.stdout, f"explain: {r.stdout}")
+r = wrun("tune", "--install", "--shape", "1,48,48,2,2,32", "--reps", "3")
+check(r.returncode == 0 and os.path.exists(wise + ".previous"), "a second install keeps the first")
+installed = open(wise).read() if os.path.exists(wise) else ""
+with open(wise, "w") as f:
+    f.write(installed.replace("require cpu-model ", "require cpu-model Other "))
+r = wrun("info", extra={"SDPA_LOG": "info"})
+check(r.returncode == 0 and "ignored " + wise + ": made on CPU 'Other" in r.stdout and
+      "wisdom " + wise + " ignored" in r.stderr, f"foreign wisdom ignored, saying why: {r.stdout} {r.stderr}")
+with open(wise, "w") as f:
+    f.write("rule broken\ntry nothing-such\n")
+r = wrun("explain", "--shape", "1,48,48,2,2,32")
+check(r.returncode == 0 and "wisdom      ignored " + wise in r.stdout and "ignored" in r.stderr,
+      f"broken wisdom: a warning, never a failure: {r.stdout} {r.stderr}")
+r = wrun("info", extra={"SDPA_WISDOM": "none"})
+check("wisdom    none (SDPA_WISDOM=none)" in r.stdout, f"SDPA_WISDOM=none: {r.stdout}")
+r = wrun("info", extra={"SDPA_WISDOM": path("tuned.rules")})
+check("wisdom    in force " + path("tuned.rules") in r.stdout, f"SDPA_WISDOM=PATH: {r.stdout}")
+r = wrun("tune", "--system", "--out", path("x.rules"), "--shape", "1,48,48,2,2,32")
+check(r.returncode == 2 and "--system goes with --install" in r.stderr, f"--system alone: {r.stderr}")
 
 # ---- dit: deterministic for a seed; two arms give two PNGs, a heat map, PSNR and SSIM
 r1 = sdpa("dit", "--steps", "2", "--seed", "7", "--out", path("d1"), "--backends", "cpu.portable")
