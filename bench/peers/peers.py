@@ -229,7 +229,7 @@ def main(argv=None):
             pk = bf16_ceil if bits.get(chosen if n == "libsdpa" else n, 0) == 8 and bf16_ceil > 0 \
                 else ceil
             label = f"libsdpa ({chosen})" if n == "libsdpa" else n
-            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.3f} {gf:8.1f} {100 * gf / pk:5.1f}% "
+            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} {100 * gf / pk:5.1f}% "
                   f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))
         wrong += [f"{r['name']} ({n})" for n in sorted(bad)]
         ok_peers = [n for n in ("torch", "openblas", "onednn") if n in med and n not in bad]

@@ -214,7 +214,8 @@ static inline int64_t d_padded(int64_t D) { return (D + VL - 1) / VL * VL; }
  * Rows i0 .. i0 + rows of the task's row space (flash_row) into Q^T: VL
  * rows at a time are converted into w->tr (one row of tile_words_padded
  * words each, zero padded), then moved VL x VL block by block
- * (V_TRANSPOSE_REGS). Lanes past `rows` are zeros. f32 rows with a
+ * (V_TRANSPOSE_REGS). Lanes past `rows` in its last vector are zeros;
+ * vectors past it are left as they were: the micro-kernel's qv skips them. f32 rows with a
  * unit-stride D of whole vectors skip w->tr: loaded, scaled and transposed
  * in registers.
  */
@@ -226,12 +227,7 @@ static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
 #ifndef TILED_PAIRS
     const int direct = q->dtype == SDPA_F32 && q->stride[3] == 1 && D % VL == 0;
 #endif
-    for (int r0 = 0; r0 < BQ; r0 += VL) {
-        if (r0 >= rows) { /* a block of padding lanes */
-            for (int64_t i = 0; i < words; i++)
-                V_STORE(qb->qt + i * BQ + r0, V_ZERO());
-            continue;
-        }
+    for (int r0 = 0; r0 < rows; r0 += VL) { /* vectors past the rows are never read (qv) */
 #ifndef TILED_PAIRS
         if (direct) {
             const float *src[VL];
