@@ -60,12 +60,22 @@ enum { BR = 256 };
         *m = mx;                                                                                   \
         return l0;                                                                                 \
     }                                                                                              \
-    float sum = 0.0f;                                                                              \
-    for (int64_t j = 0; j < n_vis; j++) {                                                          \
+    /* 16 partial sums: one running sum is a serial chain the compiler may                     \
+     * not reorder (no -ffast-math), which kept the whole loop scalar */                        \
+    float part[16] = {0}, sum = 0.0f;                                                              \
+    int64_t j = 0;                                                                                 \
+    for (; j + 16 <= n_vis; j += 16)                                                               \
+        for (int t = 0; t < 16; t++) {                                                             \
+            s[j + t] = sdpa__exp_nonpos(s[j + t] - mx);                                            \
+            part[t] += s[j + t];                                                                   \
+        }                                                                                          \
+    for (; j < n_vis; j++) {                                                                       \
         s[j] = sdpa__exp_nonpos(s[j] - mx);                                                        \
         sum += s[j];                                                                               \
     }                                                                                              \
-    for (int64_t j = n_vis; j < n; j++)                                                            \
+    for (int t = 0; t < 16; t++)                                                                   \
+        sum += part[t];                                                                            \
+    for (j = n_vis; j < n; j++)                                                                    \
         s[j] = 0.0f;                                                                               \
     *m = mx;                                                                                       \
     return sum;
