@@ -16,7 +16,8 @@
  * Ranks form a grid of `ulysses` x `ring` = size: rank = r * ulysses + u.
  * The sequences (q's Sq and k/v's Skv) are cut into size shards, rank p
  * holding shard p (sdpa_mpi_rows: ceil(S / size) rows each, the last ones
- * shorter or empty; explicit counts are accepted instead). A Ulysses group
+ * shorter or empty; explicit counts are accepted instead), or for causal
+ * attention in the load-balanced zigzag split (sdpa_mpi_shape.zigzag). A Ulysses group
  * (the ulysses ranks of one r) gathers its shards' rows for Hq / ulysses
  * of the heads; KV heads are split when Hkv % ulysses == 0 and replicated
  * when ulysses % Hkv == 0 (grouped-query), otherwise the plan is refused
@@ -48,6 +49,15 @@ typedef struct sdpa_mpi_shape {
     int64_t B, Sq, Skv, Hq, Hkv, D;
     sdpa_dtype dtype;   /* q, k and v */
     sdpa_causal causal; /* on the global positions */
+    /* 1: the load-balanced (zigzag) split for causal attention. Each
+     * sequence is cut into 2 R chunks (ceil); ring group r holds chunks r
+     * and 2R - 1 - r (an early one, with little to see, and a late one),
+     * each split among its U members in ceil blocks. A rank's local tensors
+     * then hold two ranges of rows, its part of the first chunk followed by
+     * its part of the second (sdpa_mpi_ranges). Plain causal ceil blocks
+     * leave the last ring group R times the work of the first; zigzag
+     * evens it out. Not with explicit counts. 0: ceil blocks or counts. */
+    int zigzag;
 } sdpa_mpi_shape;
 
 typedef struct sdpa_mpi_plan sdpa_mpi_plan;
@@ -63,8 +73,17 @@ sdpa_status sdpa_mpi_plan_create(MPI_Comm comm, int ulysses, int ring,
 void sdpa_mpi_plan_destroy(sdpa_mpi_plan *plan); /* collective (frees the duplicate) */
 
 /* The rows of the global q (kv = 0) or k/v (kv = 1) sequence a rank
- * holds: [*first, *first + *count). rank -1: the calling rank. */
+ * holds: [*first, *first + *count). rank -1: the calling rank. Under
+ * zigzag a rank holds two ranges: *count is then their total (the rows of
+ * its local tensors) and *first the start of the first; sdpa_mpi_ranges
+ * gives both. */
 void sdpa_mpi_rows(const sdpa_mpi_plan *plan, int rank, int kv, int64_t *first, int64_t *count);
+
+/* A rank's ranges of rows, in the order its local tensors hold them:
+ * [first[g], first[g] + count[g]) for g < the returned number (1, or 2
+ * under zigzag; count[1] is 0 when there is one). */
+int sdpa_mpi_ranges(const sdpa_mpi_plan *plan, int rank, int kv, int64_t first[2],
+                    int64_t count[2]);
 
 /*
  * Collective. q [B, count_q, Hq, D], k and v [B, count_kv, Hkv, D] are this

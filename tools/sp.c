@@ -12,9 +12,18 @@ int sp_begin(const char *spec, sp_session *s)
 {
     memset(s, 0, sizeof *s);
     int u = 0, r = 0;
-    if (strcmp(spec, "ring") != 0 && strcmp(spec, "ulysses") != 0 &&
-        (sscanf(spec, "usp:%dx%d", &u, &r) != 2 || u < 1 || r < 1))
-        return tool_usage_error("--sp '%s' unknown, expected ring, ulysses or usp:UxR", spec);
+    char grid[64];
+    const char *zz = strstr(spec, ":zigzag");
+    if (strlen(spec) >= sizeof grid || (zz && zz[7]))
+        return tool_usage_error("--sp '%s' unknown, expected ring, ulysses or usp:UxR, "
+                                "optionally followed by :zigzag", spec);
+    snprintf(grid, sizeof grid, "%.*s", zz ? (int)(zz - spec) : (int)strlen(spec), spec);
+    s->zigzag = zz != NULL;
+    if (strcmp(grid, "ring") != 0 && strcmp(grid, "ulysses") != 0 &&
+        (sscanf(grid, "usp:%dx%d", &u, &r) != 2 || u < 1 || r < 1))
+        return tool_usage_error("--sp '%s' unknown, expected ring, ulysses or usp:UxR, "
+                                "optionally followed by :zigzag", spec);
+    spec = grid;
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -36,19 +45,38 @@ int sp_begin(const char *spec, sp_session *s)
     return 0;
 }
 
-/* This rank's rows of the whole q, k and v, as views (no copies). */
-static void local_views(const sdpa_mpi_plan *plan, const sdpa_tensor *q, const sdpa_tensor *k,
-                        const sdpa_tensor *v, sdpa_tensor *lq, sdpa_tensor *lk, sdpa_tensor *lv,
-                        int64_t *q0, int64_t *qn, int64_t *kn)
+/* This rank's rows of the whole x ([B, S, H, D]): a view when they are
+ * one range, else copied out (*copy, the caller frees it). */
+static sdpa_tensor local_rows(const sdpa_mpi_plan *plan, int kv, const sdpa_tensor *x,
+                              void **copy)
 {
-    int64_t k0;
-    sdpa_mpi_rows(plan, -1, 0, q0, qn);
-    sdpa_mpi_rows(plan, -1, 1, &k0, kn);
-    const int64_t es = (int64_t)sdpa_dtype_size(q->dtype);
-    *lq = *q, *lk = *k, *lv = *v;
-    lq->data = (char *)q->data + *q0 * q->stride[1] * es, lq->size[1] = *qn;
-    lk->data = (char *)k->data + k0 * k->stride[1] * es, lk->size[1] = *kn;
-    lv->data = (char *)v->data + k0 * v->stride[1] * es, lv->size[1] = *kn;
+    int64_t f[2], n[2];
+    const int nr = sdpa_mpi_ranges(plan, -1, kv, f, n);
+    const int64_t es = (int64_t)sdpa_dtype_size(x->dtype), total = n[0] + n[1];
+    sdpa_tensor t = *x;
+    *copy = NULL;
+    if (nr == 1) {
+        t.data = (char *)x->data + f[0] * x->stride[1] * es, t.size[1] = total;
+        return t;
+    }
+    const int64_t B = x->size[0], H = x->size[2], D = x->size[3];
+    char *dst = malloc((size_t)(es * B * (total ? total : 1) * H * D));
+    *copy = dst;
+    t = sdpa_tensor_bshd(dst, x->dtype, B, total ? total : 1, H, D);
+    for (int64_t b = 0; dst && b < B; b++)
+        for (int64_t li = 0, g = 0; g < 2; g++)
+            for (int64_t i = 0; i < n[g]; i++, li++)
+                for (int64_t h = 0; h < H; h++) {
+                    const char *src = (const char *)x->data +
+                                      (b * x->stride[0] + (f[g] + i) * x->stride[1] +
+                                       h * x->stride[2]) * es;
+                    for (int64_t d = 0; d < D; d++)
+                        memcpy(dst + (((b * total + li) * H + h) * D + d) * es,
+                               src + d * x->stride[3] * es, (size_t)es);
+                }
+    if (!dst)
+        t.data = NULL;
+    return t;
 }
 
 int sp_agree(const sp_session *s, int rc)
@@ -64,7 +92,7 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
                        const sdpa_params *p)
 {
     const int64_t B = q->size[0], Sq = q->size[1], Hq = q->size[2], D = q->size[3];
-    sdpa_mpi_shape shape = {B, Sq, k->size[1], Hq, k->size[2], D, q->dtype, p->causal};
+    sdpa_mpi_shape shape = {B, Sq, k->size[1], Hq, k->size[2], D, q->dtype, p->causal, s->zigzag};
     sdpa_mpi_plan *plan;
     sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, s->ulysses, s->ring, &shape, NULL,
                                           NULL, &plan);
@@ -73,15 +101,18 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
             fprintf(stderr, "sdpa: error: %s\n", sdpa_mpi_last_error());
         return st;
     }
-    int64_t q0, qn, kn;
-    sdpa_tensor lq, lk, lv;
-    local_views(plan, q, k, v, &lq, &lk, &lv, &q0, &qn, &kn);
+    int64_t q0, qn, kn, k0;
+    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+    void *cq, *ck, *cv;
+    sdpa_tensor lq = local_rows(plan, 0, q, &cq), lk = local_rows(plan, 1, k, &ck),
+                lv = local_rows(plan, 1, v, &cv);
     float *lo = malloc(sizeof(float) * (size_t)(B * (qn ? qn : 1) * Hq * D));
     float *ll = malloc(sizeof(float) * (size_t)(B * Hq * (qn ? qn : 1)));
     sdpa_tensor to = sdpa_tensor_bshd(lo, SDPA_F32, B, qn ? qn : 1, Hq, D);
     sdpa_params sp = *p;
     sp.causal = SDPA_CAUSAL_NONE, sp.mask = NULL; /* the plan carries causal */
-    st = lo && ll ? SDPA_OK : SDPA_OUT_OF_MEMORY;
+    st = lo && ll && lq.data && lk.data && lv.data ? SDPA_OK : SDPA_OUT_OF_MEMORY;
     int local = st != SDPA_OK, any = 0;
     MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (!any)
@@ -93,23 +124,29 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
         fprintf(stderr, "sdpa: error: rank %d: %s\n", s->rank,
                 any ? "out of memory for the local result" : sdpa_mpi_last_error());
     } else {
-        /* rank 0 gathers: per batch entry, each rank's rows are a block of
-         * qn * Hq * D floats of out and, per head, qn floats of the LSE */
+        /* rank 0 gathers range by range: per batch entry, each rank's rows
+         * of a range are a block of n * Hq * D floats of out and, per head,
+         * n floats of the LSE */
         int *counts = malloc(sizeof(int) * 2 * (size_t)s->size), *displs = counts + s->size;
-        for (int r = 0; r < s->size; r++) {
-            int64_t f, n;
-            sdpa_mpi_rows(plan, r, 0, &f, &n);
-            counts[r] = (int)(n * Hq * D), displs[r] = (int)(f * Hq * D);
+        int64_t mf[2], mn[2];
+        const int nr = sdpa_mpi_ranges(plan, -1, 0, mf, mn);
+        for (int g = 0; g < nr; g++) {
+            const int64_t at = g ? mn[0] : 0; /* the range's first local row */
+            for (int r = 0; r < s->size; r++) {
+                int64_t f[2], n[2];
+                sdpa_mpi_ranges(plan, r, 0, f, n);
+                counts[r] = (int)(n[g] * Hq * D), displs[r] = (int)(f[g] * Hq * D);
+            }
+            for (int64_t b = 0; b < B; b++)
+                MPI_Gatherv(lo + (b * qn + at) * Hq * D, (int)(mn[g] * Hq * D), MPI_FLOAT,
+                            out ? out + b * Sq * Hq * D : NULL, counts, displs, MPI_FLOAT, 0,
+                            MPI_COMM_WORLD);
+            for (int r = 0; r < s->size; r++)
+                counts[r] /= (int)(Hq * D), displs[r] /= (int)(Hq * D);
+            for (int64_t bh = 0; bh < B * Hq; bh++)
+                MPI_Gatherv(ll + bh * qn + at, (int)mn[g], MPI_FLOAT, lse ? lse + bh * Sq : NULL,
+                            counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
         }
-        for (int64_t b = 0; b < B; b++)
-            MPI_Gatherv(lo + b * qn * Hq * D, (int)(qn * Hq * D), MPI_FLOAT,
-                        out ? out + b * Sq * Hq * D : NULL, counts, displs, MPI_FLOAT, 0,
-                        MPI_COMM_WORLD);
-        for (int r = 0; r < s->size; r++)
-            counts[r] /= (int)(Hq * D), displs[r] /= (int)(Hq * D);
-        for (int64_t bh = 0; bh < B * Hq; bh++)
-            MPI_Gatherv(ll + bh * qn, (int)qn, MPI_FLOAT, lse ? lse + bh * Sq : NULL, counts,
-                        displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
         free(counts);
         sdpa_mpi_stats ms;
         sdpa_mpi_last_stats(plan, &ms);
@@ -120,7 +157,7 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
                ms.total_ms > 0 ? 100.0 * (1.0 - ms.wait_ms / ms.total_ms) : 100.0);
         fflush(stdout);
     }
-    free(lo), free(ll);
+    free(lo), free(ll), free(cq), free(ck), free(cv);
     sdpa_mpi_plan_destroy(plan);
     return st;
 }
@@ -144,7 +181,8 @@ int sp_bench(const sp_session *s, sdpa_context *ctx, const char *const *names,
     int rc = 0;
     for (int r = 0; r < n_rows && rc == 0; r++) {
         const sdpa_call_desc *d = &rows[r];
-        sdpa_mpi_shape shape = {d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D, dtype, d->causal};
+        sdpa_mpi_shape shape = {d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D, dtype, d->causal,
+                                s->zigzag};
         sdpa_mpi_plan *plan;
         if (sdpa_mpi_plan_create(MPI_COMM_WORLD, s->ulysses, s->ring, &shape, NULL, NULL,
                                  &plan) != SDPA_OK) {
@@ -242,7 +280,7 @@ sdpa_status sp_attention_all(sp_session *s, sdpa_context *ctx, const sdpa_tensor
                 slot = i;
         if (slot < 0)
             sdpa_mpi_plan_destroy(s->plans[slot = 3]), s->plans[3] = NULL;
-        sdpa_mpi_shape shape = {1, Sq, Skv, H, k->size[2], D, q->dtype, SDPA_CAUSAL_NONE};
+        sdpa_mpi_shape shape = {1, Sq, Skv, H, k->size[2], D, q->dtype, SDPA_CAUSAL_NONE, 0};
         sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, s->ulysses, s->ring, &shape, NULL,
                                               NULL, &s->plans[slot]);
         if (st != SDPA_OK) {
@@ -252,9 +290,12 @@ sdpa_status sp_attention_all(sp_session *s, sdpa_context *ctx, const sdpa_tensor
         memcpy(s->keys[slot], key, sizeof key);
     }
     sdpa_mpi_plan *plan = s->plans[slot];
-    int64_t q0, qn, kn;
-    sdpa_tensor lq, lk, lv;
-    local_views(plan, q, k, v, &lq, &lk, &lv, &q0, &qn, &kn);
+    int64_t q0, qn, k0, kn;
+    sdpa_mpi_rows(plan, -1, 0, &q0, &qn); /* one range each: this plan has no zigzag */
+    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+    void *unused;
+    sdpa_tensor lq = local_rows(plan, 0, q, &unused), lk = local_rows(plan, 1, k, &unused),
+                lv = local_rows(plan, 1, v, &unused);
     /* this rank's rows straight into their place in out */
     sdpa_tensor to = sdpa_tensor_bshd(out + q0 * H * D, SDPA_F32, 1, qn ? qn : 1, H, D);
     sdpa_status st = sdpa_mpi_forward(plan, ctx, qn ? &lq : NULL, kn ? &lk : NULL,

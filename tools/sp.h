@@ -13,11 +13,13 @@ typedef struct sdpa_mpi_plan sdpa_mpi_plan;
 
 typedef struct sp_session {
     int active, rank, size, ulysses, ring, inited_here;
+    int zigzag; /* SPEC:zigzag, the load-balanced causal split */
     sdpa_mpi_plan *plans[4]; /* sp_attention_all's, by shape */
     int64_t keys[4][5];
 } sp_session;
 
-/* Parses ring | ulysses | usp:UxR, initialises MPI if the process has not.
+/* Parses ring | ulysses | usp:UxR, each optionally :zigzag (the
+ * load-balanced causal split), initialises MPI if the process has not.
  * 0, or an exit code after printing the problem (before any collective). */
 int sp_begin(const char *spec, sp_session *s);
 

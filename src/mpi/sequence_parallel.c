@@ -33,7 +33,8 @@ struct sdpa_mpi_plan {
     int size, rank, U, R, u, r;
     sdpa_mpi_shape s;
     int kv_replicated;          /* ulysses % Hkv == 0: each member gets one KV head */
-    int64_t *q_first, *q_count, *kv_first, *kv_count; /* per rank */
+    int nseg;                   /* row ranges per rank: 1, or 2 under the zigzag split */
+    int64_t *q_first, *q_count, *kv_first, *kv_count; /* [rank * 2 + range] */
     sdpa_mpi_stats stats;
 };
 
@@ -72,21 +73,26 @@ static sdpa_status agree(MPI_Comm comm, sdpa_status local, int rank)
     return (sdpa_status)all[0];
 }
 
-/* ceil blocks: rank p holds [p c, min(S, (p + 1) c)), c = ceil(S / P). */
-static void ceil_split(int64_t S, int P, int64_t *first, int64_t *count)
+/* ceil blocks: n rows from a cut into P parts [a + p c, ...), c = ceil(n / P),
+ * written to first[p * step], count[p * step]. */
+static void ceil_split(int64_t a, int64_t n, int P, int step, int64_t *first, int64_t *count)
 {
-    const int64_t c = (S + P - 1) / P;
+    const int64_t c = (n + P - 1) / P;
     for (int p = 0; p < P; p++) {
-        first[p] = p * c < S ? p * c : S;
-        count[p] = (p + 1) * c < S ? c : S - first[p];
+        const int64_t lo = p * c < n ? p * c : n, hi = (p + 1) * c < n ? (p + 1) * c : n;
+        first[p * step] = a + lo, count[p * step] = hi - lo;
     }
 }
 
+/* One range per rank (ceil blocks or explicit counts); the second range of
+ * every rank is empty. */
 static sdpa_status split(int64_t S, int P, const int64_t *counts, const char *name,
                          int64_t *first, int64_t *count)
 {
+    for (int p = 0; p < P; p++)
+        first[2 * p + 1] = S, count[2 * p + 1] = 0;
     if (!counts) {
-        ceil_split(S, P, first, count);
+        ceil_split(0, S, P, 2, first, count);
         return SDPA_OK;
     }
     int64_t at = 0;
@@ -94,13 +100,31 @@ static sdpa_status split(int64_t S, int P, const int64_t *counts, const char *na
         if (counts[p] < 0)
             return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: %s[%d] is %lld, expected >= 0",
                         name, p, (long long)counts[p]);
-        first[p] = at, count[p] = counts[p], at += counts[p];
+        first[2 * p] = at, count[2 * p] = counts[p], at += counts[p];
     }
     if (at != S)
         return fail(SDPA_INVALID_ARGUMENT,
                     "sdpa_mpi_plan_create: %s sum to %lld, expected %lld (the sequence)", name,
                     (long long)at, (long long)S);
     return SDPA_OK;
+}
+
+/*
+ * The zigzag split that balances causal work over the ring: S is cut into
+ * 2R chunks (ceil), ring group r holds chunks r and 2R - 1 - r, an early
+ * one (little to see) and a late one (much), and its U members split each
+ * chunk in ceil blocks. Rank (u, r)'s local rows are its part of the first
+ * chunk, then its part of the second.
+ */
+static void zigzag_split(int64_t S, int U, int R, int64_t *first, int64_t *count)
+{
+    const int64_t cs = (S + 2 * R - 1) / (2 * R);
+    for (int r = 0; r < R; r++)
+        for (int half = 0; half < 2; half++) {
+            const int64_t c = half ? 2 * R - 1 - r : r;
+            const int64_t a = c * cs < S ? c * cs : S, b = (c + 1) * cs < S ? (c + 1) * cs : S;
+            ceil_split(a, b - a, U, 2, first + 2 * r * U + half, count + 2 * r * U + half);
+        }
 }
 
 static sdpa_status check_shape(const sdpa_mpi_shape *s, int U, int R, int size)
@@ -159,55 +183,67 @@ sdpa_status sdpa_mpi_plan_create(MPI_Comm comm, int ulysses, int ring,
     MPI_Query_thread(&provided); /* only the calling thread communicates: any level will do */
     (void)provided;
     sdpa_mpi_plan *p = calloc(1, sizeof *p);
-    int64_t *arrays = p ? malloc(sizeof(int64_t) * 4 * (size_t)size) : NULL;
+    int64_t *arrays = p ? malloc(sizeof(int64_t) * 8 * (size_t)size) : NULL;
     sdpa_status st = p && arrays ? SDPA_OK
                                  : fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_plan_create: no memory");
     if (st == SDPA_OK && !shape)
         st = fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: shape is NULL");
     if (st == SDPA_OK)
         st = check_shape(shape, ulysses, ring, size);
+    if (st == SDPA_OK && shape->zigzag && (q_counts || kv_counts))
+        st = fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: shape->zigzag and explicit "
+                  "counts exclude each other (zigzag makes its own split)");
     if (st == SDPA_OK) {
-        p->q_first = arrays, p->q_count = arrays + size;
-        p->kv_first = arrays + 2 * size, p->kv_count = arrays + 3 * size;
-        st = split(shape->Sq, size, q_counts, "q_counts", p->q_first, p->q_count);
-        if (st == SDPA_OK)
-            st = split(shape->Skv, size, kv_counts, "kv_counts", p->kv_first, p->kv_count);
+        p->q_first = arrays, p->q_count = arrays + 2 * size;
+        p->kv_first = arrays + 4 * size, p->kv_count = arrays + 6 * size;
+        if (shape->zigzag) {
+            zigzag_split(shape->Sq, ulysses, ring, p->q_first, p->q_count);
+            zigzag_split(shape->Skv, ulysses, ring, p->kv_first, p->kv_count);
+        } else {
+            st = split(shape->Sq, size, q_counts, "q_counts", p->q_first, p->q_count);
+            if (st == SDPA_OK)
+                st = split(shape->Skv, size, kv_counts, "kv_counts", p->kv_first, p->kv_count);
+        }
     }
     /* The same plan on every rank: compare what each was given (max of x
      * and of -x is the range), or every rank fails with the difference. */
-    int64_t desc[11] = {0};
+    enum { ND = 12 };
+    int64_t desc[ND] = {0};
     if (st == SDPA_OK) {
-        const int64_t d0[11] = {ulysses, ring, shape->B, shape->Sq, shape->Skv, shape->Hq,
-                                shape->Hkv, shape->D, shape->dtype, shape->causal, 0};
+        const int64_t d0[ND] = {ulysses, ring, shape->B, shape->Sq, shape->Skv, shape->Hq,
+                                shape->Hkv, shape->D, shape->dtype, shape->causal,
+                                shape->zigzag != 0, 0};
         memcpy(desc, d0, sizeof desc);
         uint64_t h = 14695981039346656037u; /* the splits, hashed (FNV-1a, unsigned) */
-        for (int i = 0; i < size; i++)
+        for (int i = 0; i < 2 * size; i++)
             h = (h ^ (uint64_t)p->q_count[i]) * 1099511628211u,
             h = (h ^ (uint64_t)p->kv_count[i]) * 1099511628211u;
-        desc[10] = (int64_t)(h >> 2); /* non-negative: -x below cannot overflow */
+        desc[ND - 1] = (int64_t)(h >> 2); /* non-negative: -x below cannot overflow */
     }
-    int64_t mine[23], all[23];
+    int64_t mine[2 * ND + 1], all[2 * ND + 1];
     mine[0] = st != SDPA_OK;
-    for (int i = 0; i < 11; i++)
-        mine[1 + i] = desc[i], mine[12 + i] = -desc[i];
-    if (MPI_Allreduce(mine, all, 23, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS)
+    for (int i = 0; i < ND; i++)
+        mine[1 + i] = desc[i], mine[1 + ND + i] = -desc[i];
+    if (MPI_Allreduce(mine, all, 2 * ND + 1, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS)
         st = fail(SDPA_DEVICE_ERROR, "sdpa_mpi_plan_create: MPI_Allreduce failed");
     else if (all[0] && st == SDPA_OK)
         st = fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: another rank refused the plan "
                   "(its message says why)");
     else if (st == SDPA_OK) {
-        static const char *names[11] = {"ulysses", "ring", "B", "Sq", "Skv", "Hq", "Hkv", "D",
-                                        "dtype", "causal", "the row splits"};
-        for (int i = 0; i < 11 && st == SDPA_OK; i++)
-            if (all[1 + i] != -all[12 + i])
+        static const char *names[ND] = {"ulysses", "ring", "B",     "Sq",     "Skv",
+                                        "Hq",      "Hkv",  "D",     "dtype",  "causal",
+                                        "zigzag",  "the row splits"};
+        for (int i = 0; i < ND && st == SDPA_OK; i++)
+            if (all[1 + i] != -all[1 + ND + i])
                 st = fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: ranks disagree on %s "
                           "(values %lld to %lld); every rank must pass the same plan",
-                          names[i], (long long)-all[12 + i], (long long)all[1 + i]);
+                          names[i], (long long)-all[1 + ND + i], (long long)all[1 + i]);
     }
     if (st == SDPA_OK) {
         p->s = *shape, p->size = size, p->rank = rank, p->U = ulysses, p->R = ring;
         p->u = rank % ulysses, p->r = rank / ulysses;
         p->kv_replicated = shape->Hkv % ulysses != 0;
+        p->nseg = shape->zigzag ? 2 : 1;
         if (MPI_Comm_dup(comm, &p->comm) != MPI_SUCCESS ||
             MPI_Comm_split(p->comm, p->r, p->u, &p->group) != MPI_SUCCESS ||
             MPI_Comm_split(p->comm, p->u, p->r, &p->ring) != MPI_SUCCESS)
@@ -232,11 +268,28 @@ void sdpa_mpi_plan_destroy(sdpa_mpi_plan *p)
     free(p);
 }
 
-void sdpa_mpi_rows(const sdpa_mpi_plan *p, int rank, int kv, int64_t *first, int64_t *count)
+int sdpa_mpi_ranges(const sdpa_mpi_plan *p, int rank, int kv, int64_t first[2], int64_t count[2])
 {
     const int i = rank < 0 ? p->rank : rank;
-    *first = kv ? p->kv_first[i] : p->q_first[i];
-    *count = kv ? p->kv_count[i] : p->q_count[i];
+    for (int g = 0; g < 2; g++) {
+        first[g] = kv ? p->kv_first[2 * i + g] : p->q_first[2 * i + g];
+        count[g] = g < p->nseg ? (kv ? p->kv_count[2 * i + g] : p->q_count[2 * i + g]) : 0;
+    }
+    return p->nseg;
+}
+
+void sdpa_mpi_rows(const sdpa_mpi_plan *p, int rank, int kv, int64_t *first, int64_t *count)
+{
+    int64_t f[2], n[2];
+    sdpa_mpi_ranges(p, rank, kv, f, n);
+    *first = f[0], *count = n[0] + n[1];
+}
+
+/* Rows rank i holds of q (kv = 0) or k/v, all its ranges. */
+static int64_t local_rows(const sdpa_mpi_plan *p, int i, int kv)
+{
+    const int64_t *c = kv ? p->kv_count : p->q_count;
+    return c[2 * i] + c[2 * i + 1];
 }
 
 void sdpa_mpi_last_stats(const sdpa_mpi_plan *p, sdpa_mpi_stats *out) { *out = p->stats; }
@@ -304,36 +357,65 @@ static sdpa_status alltoall(const sdpa_mpi_plan *p, const void *send, const int6
 
 /* ---- the forward */
 
+/* A group's rows of one range (one chunk under zigzag): global rows
+ * [first, first + n), data a contiguous [B, n, heads, D] block. */
+typedef struct segment {
+    int64_t first, n;
+    char *data;
+} segment;
+
+/* A group's rows of q or k/v for this member's heads: its ranges one
+ * after the other (range-major), in one allocation. */
 typedef struct gathered {
-    int64_t first, n; /* the group's rows */
-    char *data;       /* [B, n, heads, D] */
+    int nseg;
+    segment seg[2];
+    int64_t n; /* all ranges */
+    char *data;
 } gathered;
+
+/* Range g of ring group r: its members' parts, in member order. */
+static void group_range(const sdpa_mpi_plan *p, int r, int kv, int g, int64_t *first, int64_t *n)
+{
+    const int64_t *f = kv ? p->kv_first : p->q_first, *c = kv ? p->kv_count : p->q_count;
+    *first = f[2 * r * p->U + g], *n = 0;
+    for (int u = 0; u < p->U; u++)
+        *n += c[2 * (r * p->U + u) + g];
+}
 
 /* The group's rows of x (q: kv = 0, or k/v) for this member's heads. */
 static sdpa_status gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, int64_t heads,
                                 gathered *g)
 {
     const sdpa_mpi_shape *s = &p->s;
-    const int64_t *first = kv ? p->kv_first : p->q_first, *count = kv ? p->kv_count : p->q_count;
+    const int64_t *count = kv ? p->kv_count : p->q_count;
     const int base = p->r * p->U;
     const size_t row = esize(s->dtype) * (size_t)s->D;
-    g->first = first[base], g->n = 0;
-    for (int u = 0; u < p->U; u++)
-        g->n += count[base + u];
-    g->data = malloc(row * (size_t)(s->B * (g->n ? g->n : 1) * heads));
-    const int64_t mine = count[p->rank];
+    const size_t rows_b = row * (size_t)heads; /* one row of all heads, one batch entry */
+    g->nseg = p->nseg, g->n = 0;
+    for (int r = 0; r < 2; r++) {
+        group_range(p, p->r, kv, r, &g->seg[r].first, &g->seg[r].n);
+        if (r >= p->nseg)
+            g->seg[r].n = 0;
+        g->n += g->seg[r].n;
+    }
+    g->data = malloc(rows_b * (size_t)(s->B * (g->n ? g->n : 1)));
+    for (int r = 0, at = 0; r < 2; at += (int)g->seg[r].n, r++)
+        g->seg[r].data = g->data ? g->data + rows_b * (size_t)(s->B * at) : NULL;
+    const int64_t mine = local_rows(p, p->rank, kv), mine0 = count[2 * p->rank];
     if (p->U == 1) { /* no message: a local failure is agreed on before the ring */
         if (!g->data)
             return fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the gathered rows");
-        if (mine)
-            pack(x, 0, mine, 0, heads, g->data);
+        for (int r = 0; r < g->nseg; r++) /* my ranges are the group's */
+            if (g->seg[r].n)
+                pack(x, r ? mine0 : 0, g->seg[r].n, 0, heads, g->seg[r].data);
         return SDPA_OK;
     }
-    /* send to member u: my rows of u's heads; receive from u: u's rows of mine */
+    /* send to member u: my rows of u's heads, range by range; receive from
+     * u: u's rows of mine, range by range */
     const int64_t H = kv ? s->Hkv : s->Hq;
     int64_t *sc = malloc(sizeof(int64_t) * 2 * (size_t)p->U), *rc = sc ? sc + p->U : NULL;
-    char *sendbuf = malloc(row * (size_t)(s->B * (mine ? mine : 1) * heads * p->U));
-    char *recvbuf = malloc(row * (size_t)(s->B * (g->n ? g->n : 1) * heads));
+    char *sendbuf = malloc(rows_b * (size_t)(s->B * (mine ? mine : 1) * p->U));
+    char *recvbuf = malloc(rows_b * (size_t)(s->B * (g->n ? g->n : 1)));
     sdpa_status st = g->data && sc && sendbuf && recvbuf
                          ? SDPA_OK
                          : fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the "
@@ -343,35 +425,63 @@ static sdpa_status gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, 
         free(sc), free(sendbuf), free(recvbuf);
         return st;
     }
-    for (int u = 0; st == SDPA_OK && u < p->U; u++) {
+    for (int u = 0; u < p->U; u++) {
         const int64_t h0 = kv && p->kv_replicated ? u * H / p->U : u * heads;
-        if (mine)
-            pack(x, 0, mine, h0, heads, sendbuf + row * (size_t)(s->B * mine * heads * u));
-        sc[u] = s->B * mine * heads, rc[u] = s->B * count[base + u] * heads;
+        char *dst = sendbuf + rows_b * (size_t)(s->B * mine * u);
+        for (int r = 0; r < p->nseg; r++) {
+            const int64_t n = count[2 * p->rank + r];
+            if (n)
+                pack(x, r ? mine0 : 0, n, h0, heads, dst);
+            dst += rows_b * (size_t)(s->B * n);
+        }
+        sc[u] = s->B * mine * heads, rc[u] = s->B * local_rows(p, base + u, kv) * heads;
     }
-    if (st == SDPA_OK)
-        st = alltoall(p, sendbuf, sc, recvbuf, rc, row);
-    p->stats.bytes_sent += (int64_t)row * s->B * mine * heads * (p->U - 1);
-    p->stats.bytes_received += (int64_t)row * s->B * (g->n - mine) * heads;
-    /* member u's piece is [B, count_u, heads, D]: into rows first_u - g->first */
-    for (int u = 0, off = 0; st == SDPA_OK && u < p->U; u++) {
-        const int64_t n = count[base + u], at = first[base + u] - g->first;
-        for (int64_t b = 0; b < s->B; b++)
-            memcpy(g->data + row * (size_t)((b * g->n + at) * heads),
-                   recvbuf + row * (size_t)(off + b * n * heads), row * (size_t)(n * heads));
-        off += (int)(s->B * n * heads);
-    }
+    st = alltoall(p, sendbuf, sc, recvbuf, rc, row);
+    p->stats.bytes_sent += (int64_t)rows_b * s->B * mine * (p->U - 1);
+    p->stats.bytes_received += (int64_t)rows_b * s->B * (g->n - mine);
+    /* member u's piece, per range r: [B, count_ur, heads, D] into range r's
+     * rows from the parts of members before u */
+    const char *src = recvbuf;
+    int64_t at[2] = {0, 0};
+    for (int u = 0; st == SDPA_OK && u < p->U; u++)
+        for (int r = 0; r < p->nseg; r++) {
+            const int64_t n = count[2 * (base + u) + r];
+            for (int64_t b = 0; b < s->B; b++, src += rows_b * (size_t)n)
+                memcpy(g->seg[r].data + rows_b * (size_t)(b * g->seg[r].n + at[r]), src,
+                       rows_b * (size_t)n);
+            at[r] += n;
+        }
     free(sc), free(sendbuf), free(recvbuf);
     return st;
 }
 
-/* The attention of the group's queries with one visiting K/V block, merged
+/* Rows [0, n) of batch entry b, heads [h0, h0 + nh) of a contiguous
+ * [B, n, heads, D] block: a strided view. */
+static sdpa_tensor view(void *p, sdpa_dtype dtype, int64_t n, int64_t heads, int64_t D, int64_t b,
+                        int64_t h0, int64_t nh)
+{
+    sdpa_tensor t = sdpa_tensor_bshd(p, dtype, 1, n, heads, D);
+    t.data = (char *)p + (b * n * heads + h0) * D * (int64_t)esize(dtype);
+    t.size[2] = nh;
+    return t;
+}
+
+/* Pieces a visiting block's attention is cut into while ring messages are
+ * in flight, so that MPI_Testall runs between them: an MPI without an
+ * asynchronous progress thread (TCP, most shared-memory transports for
+ * large messages) moves rendezvous data only inside MPI calls. */
+enum { PIECES = 4 };
+
+/*
+ * The attention of the group's queries with one visiting K/V block, merged
  * into (acc, lacc). d: key j of the block is visible to query i when
- * j <= i + d (causal only). */
-static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const gathered *q,
+ * j <= i + d (causal only). With ring requests pending (nreq > 0) the work
+ * runs per batch entry and group of heads, testing them in between.
+ */
+static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const segment *q,
                              void *k, void *v, int64_t nk, int64_t d, int64_t hq, int64_t hk,
                              sdpa_tensor *acc, float *lacc, float *tmp, float *ltmp,
-                             const sdpa_params *user)
+                             const sdpa_params *user, MPI_Request *req, int nreq)
 {
     const sdpa_mpi_shape *s = &p->s;
     const int64_t nq = q->n;
@@ -399,13 +509,38 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const ga
             }
         }
     }
-    sdpa_tensor tq = block(q->data, s->dtype, s->B, nq, hq, s->D);
-    sdpa_tensor tk = block(k, s->dtype, s->B, nk, hk, s->D);
-    sdpa_tensor tv = block(v, s->dtype, s->B, nk, hk, s->D);
-    sdpa_tensor to = block(tmp, SDPA_F32, s->B, nq, hq, s->D);
-    sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, ltmp, &prm);
-    if (st == SDPA_OK)
-        st = sdpa_merge(acc, lacc, &to, ltmp, acc, lacc);
+    /* whole block at once, or per (batch entry, group of query heads that
+     * share KV heads) */
+    const int64_t g = hq / hk, per = nreq ? g * ((hq / g + PIECES - 1) / PIECES) : hq;
+    const int64_t nb = nreq ? s->B : 1;
+    sdpa_status st = SDPA_OK;
+    for (int64_t b = 0; b < nb && st == SDPA_OK; b++)
+        for (int64_t h0 = 0; h0 < hq && st == SDPA_OK; h0 += per) {
+            const int64_t nh = hq - h0 < per ? hq - h0 : per;
+            sdpa_tensor tq, tk, tv, to, ta;
+            float *la;
+            if (!nreq) {
+                tq = block(q->data, s->dtype, s->B, nq, hq, s->D);
+                tk = block(k, s->dtype, s->B, nk, hk, s->D);
+                tv = block(v, s->dtype, s->B, nk, hk, s->D);
+                to = block(tmp, SDPA_F32, s->B, nq, hq, s->D);
+                ta = *acc, la = lacc;
+            } else {
+                tq = view(q->data, s->dtype, nq, hq, s->D, b, h0, nh);
+                tk = view(k, s->dtype, nk, hk, s->D, b, h0 / g, nh / g);
+                tv = view(v, s->dtype, nk, hk, s->D, b, h0 / g, nh / g);
+                to = block(tmp, SDPA_F32, 1, nq, nh, s->D);
+                ta = view(acc->data, SDPA_F32, nq, hq, s->D, b, h0, nh);
+                la = lacc + (b * hq + h0) * nq; /* [B, hq, nq]: this piece is contiguous */
+            }
+            st = sdpa_forward(ctx, &tq, &tk, &tv, &to, ltmp, &prm);
+            if (st == SDPA_OK)
+                st = sdpa_merge(&ta, la, &to, ltmp, &ta, la);
+            if (nreq) {
+                int done;
+                MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
+            }
+        }
     free(vis);
     return st == SDPA_OK ? SDPA_OK : fail(st, "sdpa_mpi_forward: local attention: %s",
                                           sdpa_last_error());
@@ -438,87 +573,86 @@ static sdpa_status check_local(const sdpa_mpi_plan *p, const sdpa_tensor *t, con
     return SDPA_OK;
 }
 
-/* This rank's rows of the result: from the group's accumulator (U = 1) or
- * through the reverse all-to-all, cast once into out. */
+/* Row i (local numbering), head H of out and lse from one float32 row. */
+static void emit(const sdpa_mpi_plan *p, int64_t b, int64_t i, int64_t H, const float *src,
+                 float l, sdpa_tensor *out, float *lse, int64_t mine, float *tmp)
+{
+    const int64_t D = p->s.D;
+    const size_t oes = esize(out->dtype);
+    char *dst = (char *)out->data +
+                (b * out->stride[0] + i * out->stride[1] + H * out->stride[2]) * (int64_t)oes;
+    if (out->stride[3] == 1) {
+        sdpa_convert(src, SDPA_F32, dst, out->dtype, (size_t)D);
+    } else {
+        sdpa_convert(src, SDPA_F32, tmp, out->dtype, (size_t)D);
+        for (int64_t e = 0; e < D; e++)
+            memcpy(dst + e * out->stride[3] * (int64_t)oes, (char *)tmp + e * (int64_t)oes, oes);
+    }
+    if (lse)
+        lse[(b * p->s.Hq + H) * mine + i] = l;
+}
+
+/*
+ * This rank's rows of the result, from the group's accumulators (acc:
+ * range-major [B, n_r, hq, D] blocks, lacc [B, hq, n_r]): every member's
+ * rows of this member's heads go to it in one all-to-all (U > 1) as rows
+ * of D + 1 floats (O, then the LSE), and are cast once into out.
+ */
 static sdpa_status scatter_result(sdpa_mpi_plan *p, const gathered *q, const float *acc,
                                   const float *lacc, int64_t hq, sdpa_tensor *out, float *lse)
 {
     const sdpa_mpi_shape *s = &p->s;
     const int base = p->r * p->U;
-    const int64_t mine = p->q_count[p->rank], D = s->D;
-    const size_t row = sizeof(float) * (size_t)D;
-    /* send to member u: its rows of my heads, O then the LSE; receive from
-     * u: my rows of its heads */
+    const int64_t mine = local_rows(p, p->rank, 0), D = s->D;
+    const size_t prow = sizeof(float) * (size_t)(D + 1);
     int64_t *sc = malloc(sizeof(int64_t) * 2 * (size_t)p->U), *rc = sc ? sc + p->U : NULL;
-    float *sendbuf = malloc(row * (size_t)(s->B * (q->n ? q->n : 1) * hq) +
-                            sizeof(float) * (size_t)(s->B * hq * (q->n ? q->n : 1)));
-    float *recvbuf = malloc(row * (size_t)(s->B * (mine ? mine : 1) * s->Hq) +
-                            sizeof(float) * (size_t)(s->B * s->Hq * (mine ? mine : 1)));
-    sdpa_status st = sc && sendbuf && recvbuf
+    float *sendbuf = malloc(prow * (size_t)(s->B * (q->n ? q->n : 1) * hq));
+    float *recvbuf = p->U > 1 ? malloc(prow * (size_t)(s->B * (mine ? mine : 1) * s->Hq)) : NULL;
+    float *tmp = malloc(sizeof(float) * (size_t)D);
+    sdpa_status st = sc && sendbuf && tmp && (recvbuf || p->U == 1)
                          ? SDPA_OK
                          : fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the result");
     if (p->U > 1) /* every rank, or none, goes on to the all-to-all */
         st = agree(p->comm, st, p->rank);
     if (st != SDPA_OK) {
-        free(sc), free(sendbuf), free(recvbuf);
+        free(sc), free(sendbuf), free(recvbuf), free(tmp);
         return st;
     }
-    if (p->U == 1) {
-        memcpy(recvbuf, acc, row * (size_t)(s->B * mine * hq));
-        memcpy(recvbuf + s->B * mine * hq * D, lacc, sizeof(float) * (size_t)(s->B * hq * mine));
-    } else {
-        /* a piece is [B, n_u, hq, D] floats then [B, hq, n_u] floats: D + 1
-         * floats per (b, i, h), sent as rows of D + 1 floats */
-        const size_t prow = sizeof(float) * (size_t)(D + 1);
-        float *o = sendbuf;
-        for (int u = 0; u < p->U; u++) {
-            const int64_t n = p->q_count[base + u], at = p->q_first[base + u] - q->first;
+    /* for member u, range by range: its rows of this member's heads */
+    float *o = sendbuf;
+    int64_t at[2] = {0, 0}, off[2] = {0, q->seg[0].n};
+    for (int u = 0; u < p->U; u++) {
+        for (int r = 0; r < q->nseg; r++) {
+            const int64_t n = p->q_count[2 * (base + u) + r], nr = q->seg[r].n;
+            const float *ar = acc + off[r] * s->B * hq * D, *lr = lacc + off[r] * s->B * hq;
             for (int64_t b = 0; b < s->B; b++)
                 for (int64_t i = 0; i < n; i++)
                     for (int64_t h = 0; h < hq; h++, o += D + 1) {
-                        memcpy(o, acc + ((b * q->n + at + i) * hq + h) * D, row);
-                        o[D] = lacc[(b * hq + h) * q->n + at + i];
+                        memcpy(o, ar + ((b * nr + at[r] + i) * hq + h) * D, sizeof(float) * (size_t)D);
+                        o[D] = lr[(b * hq + h) * nr + at[r] + i];
                     }
-            sc[u] = s->B * n * hq, rc[u] = s->B * mine * hq;
+            at[r] += n;
         }
+        sc[u] = s->B * local_rows(p, base + u, 0) * hq, rc[u] = s->B * mine * hq;
+    }
+    if (p->U > 1) {
         st = alltoall(p, sendbuf, sc, recvbuf, rc, prow);
         p->stats.bytes_sent += (int64_t)prow * s->B * (q->n - mine) * hq;
         p->stats.bytes_received += (int64_t)prow * s->B * mine * hq * (p->U - 1);
     }
-    float *tmp = malloc(row);
-    if (st == SDPA_OK && !tmp)
-        st = fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory");
-    for (int u = 0; st == SDPA_OK && u < p->U; u++) { /* member u's heads of my rows */
-        for (int64_t b = 0; b < s->B; b++)
-            for (int64_t i = 0; i < mine; i++)
-                for (int64_t h = 0; h < hq; h++) {
-                    const float *src, *l;
-                    if (p->U == 1) {
-                        src = recvbuf + ((b * mine + i) * hq + h) * D;
-                        l = recvbuf + s->B * mine * hq * D + (b * hq + h) * mine + i;
-                    } else {
-                        src = recvbuf + (((int64_t)u * s->B * mine + b * mine + i) * hq + h) *
-                                            (D + 1);
-                        l = src + D;
-                    }
-                    const int64_t H = u * hq + h;
-                    char *dst = (char *)out->data +
-                                (b * out->stride[0] + i * out->stride[1] + H * out->stride[2]) *
-                                    (int64_t)esize(out->dtype);
-                    if (out->stride[3] == 1) {
-                        sdpa_convert(src, SDPA_F32, dst, out->dtype, (size_t)D);
-                    } else {
-                        sdpa_convert(src, SDPA_F32, tmp, out->dtype, (size_t)D);
-                        for (int64_t e = 0; e < D; e++)
-                            memcpy(dst + e * out->stride[3] * (int64_t)esize(out->dtype),
-                                   (char *)tmp + e * (int64_t)esize(out->dtype),
-                                   esize(out->dtype));
-                    }
-                    if (lse)
-                        lse[(b * s->Hq + H) * mine + i] = *l;
-                }
-    }
-    free(tmp), free(sc), free(sendbuf), free(recvbuf);
+    /* from member u, range by range: my rows of its heads */
+    const float *src = p->U > 1 ? recvbuf : sendbuf;
+    const int64_t mine0 = p->q_count[2 * p->rank];
+    for (int u = 0; st == SDPA_OK && u < p->U; u++)
+        for (int r = 0; r < q->nseg; r++) {
+            const int64_t n = p->q_count[2 * p->rank + r];
+            for (int64_t b = 0; b < s->B; b++)
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t h = 0; h < hq; h++, src += D + 1)
+                        emit(p, b, (r ? mine0 : 0) + i, u * hq + h, src, src[D], out, lse, mine,
+                             tmp);
+        }
+    free(sc), free(sendbuf), free(recvbuf), free(tmp);
     return st;
 }
 
@@ -568,7 +702,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     const sdpa_mpi_shape *s = &p->s;
     const sdpa_params defaults = SDPA_PARAMS_DEFAULT;
     const sdpa_params *prm = params ? params : &defaults;
-    const int64_t nq = p->q_count[p->rank], nkv = p->kv_count[p->rank];
+    const int64_t nq = local_rows(p, p->rank, 0), nkv = local_rows(p, p->rank, 1);
     sdpa_status st = ctx ? SDPA_OK : fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: ctx is NULL");
     if (st == SDPA_OK && prm->mask)
         st = fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: params->mask is set; sequence "
@@ -587,7 +721,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
         return st; /* every rank returns here together: nothing has moved */
 
     const int64_t hq = s->Hq / p->U, hk = p->kv_replicated ? 1 : s->Hkv / p->U;
-    gathered gq = {0, 0, NULL}, gk = {0, 0, NULL}, gv = {0, 0, NULL};
+    gathered gq = {0}, gk = {0}, gv = {0};
     /* a failure inside a gather with messages is agreed there (every rank
      * stops at the same one); without messages (ulysses 1), before the ring */
     st = gather_group(p, q, 0, hq, &gq);
@@ -595,13 +729,13 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
         st = st == SDPA_OK ? gather_group(p, k, 1, hk, &gk) : st;
     if (st == SDPA_OK || p->U == 1)
         st = st == SDPA_OK ? gather_group(p, v, 1, hk, &gv) : st;
-    /* the ring: blocks of the R groups' K/V */
+    /* the ring: blocks of the R groups' K/V, each its ranges one after the other */
     const size_t row = esize(s->dtype) * (size_t)s->D;
     int64_t max_nk = 0;
     for (int j = 0; j < p->R; j++) {
         int64_t n = 0;
         for (int u = 0; u < p->U; u++)
-            n += p->kv_count[j * p->U + u];
+            n += local_rows(p, j * p->U + u, 1);
         max_nk = n > max_nk ? n : max_nk;
     }
     const size_t kv_bytes = row * (size_t)(s->B * (max_nk ? max_nk : 1) * hk);
@@ -617,13 +751,18 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
         p->stats.total_ms = now_ms() - t_start;
         return st;
     }
-    if (st == SDPA_OK) {
-        for (size_t i = 0; i < acc_n; i++)
-            lacc[i] = -INFINITY; /* nothing seen yet */
-        memcpy(cur, gk.data, row * (size_t)(s->B * gk.n * hk));
-        memcpy(cur + kv_bytes, gv.data, row * (size_t)(s->B * gk.n * hk));
+    for (size_t i = 0; i < acc_n; i++)
+        lacc[i] = -INFINITY; /* nothing seen yet */
+    memcpy(cur, gk.data, row * (size_t)(s->B * gk.n * hk));
+    memcpy(cur + kv_bytes, gv.data, row * (size_t)(s->B * gk.n * hk));
+    /* an accumulator per range of the group's queries */
+    sdpa_tensor tacc[2];
+    float *lacc_r[2];
+    for (int r = 0, at = 0; r < 2; at += (int)gq.seg[r].n, r++) {
+        tacc[r] = block(acc + (size_t)(at * s->B * hq * s->D), SDPA_F32, s->B,
+                        gq.seg[r].n ? gq.seg[r].n : 1, hq, s->D);
+        lacc_r[r] = lacc + at * s->B * hq;
     }
-    sdpa_tensor tacc = block(acc, SDPA_F32, s->B, gq.n ? gq.n : 1, hq, s->D);
     const int64_t off = s->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? s->Skv - s->Sq : 0;
     const int prev = (p->r - 1 + p->R) % p->R, nxt = (p->r + 1) % p->R;
     /* A local failure inside the loop must not leave the others waiting
@@ -633,11 +772,10 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
         const int j = (p->r - step + p->R) % p->R, jn = (j - 1 + p->R) % p->R;
         int64_t nk = 0, nk_next = 0;
         for (int u = 0; u < p->U; u++)
-            nk += p->kv_count[j * p->U + u], nk_next += p->kv_count[jn * p->U + u];
-        const int64_t kfirst = p->kv_first[j * p->U];
+            nk += local_rows(p, j * p->U + u, 1), nk_next += local_rows(p, jn * p->U + u, 1);
         MPI_Request req[4];
         int nreq = 0;
-        if (step < p->R - 1 && cur && next) {
+        if (step < p->R - 1) {
             const int cn = (int)(s->B * nk * hk), cnn = (int)(s->B * nk_next * hk);
             MPI_Datatype rt;
             MPI_Type_contiguous((int)row, MPI_BYTE, &rt);
@@ -651,9 +789,19 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
             p->stats.bytes_received += 2 * (int64_t)row * cnn;
         }
         const double t0 = now_ms();
-        if (st == SDPA_OK && gq.n > 0 && nk > 0)
-            st = one_block(ctx, p, &gq, cur, cur + kv_bytes, nk, gq.first + off - kfirst, hq, hk,
-                           &tacc, lacc, tmp, ltmp, prm);
+        /* every range of the queries with every range of the visiting keys,
+         * causal from their global positions */
+        for (int a = 0, kat = 0; a < gq.nseg && st == SDPA_OK; a++, kat = 0)
+            for (int c = 0; c < gq.nseg && st == SDPA_OK; c++) {
+                int64_t kfirst, kn;
+                group_range(p, j, 1, c, &kfirst, &kn);
+                const size_t at = row * (size_t)(s->B * kat * hk);
+                kat += (int)kn;
+                if (gq.seg[a].n > 0 && kn > 0)
+                    st = one_block(ctx, p, &gq.seg[a], cur + at, cur + kv_bytes + at, kn,
+                                   gq.seg[a].first + off - kfirst, hq, hk, &tacc[a], lacc_r[a],
+                                   tmp, ltmp, prm, req, nreq);
+            }
         const double t1 = now_ms();
         if (nreq)
             MPI_Waitall(nreq, req, MPI_STATUSES_IGNORE);
@@ -671,11 +819,12 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
             st = fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward_joint: no memory for the joint keys");
         } else {
             pack(k_joint, 0, T, h0, hk, kj), pack(v_joint, 0, T, h0, hk, vj);
-            sdpa_mpi_shape flat = *s;
-            flat.causal = SDPA_CAUSAL_NONE; /* joint keys: visible to every query */
-            sdpa_mpi_plan view = *p;
-            view.s = flat;
-            st = one_block(ctx, &view, &gq, kj, vj, T, 0, hq, hk, &tacc, lacc, tmp, ltmp, prm);
+            sdpa_mpi_plan flat_plan = *p;
+            flat_plan.s.causal = SDPA_CAUSAL_NONE; /* joint keys: visible to every query */
+            for (int a = 0; a < gq.nseg && st == SDPA_OK; a++)
+                if (gq.seg[a].n > 0)
+                    st = one_block(ctx, &flat_plan, &gq.seg[a], kj, vj, T, 0, hq, hk, &tacc[a],
+                                   lacc_r[a], tmp, ltmp, prm, NULL, 0);
         }
         p->stats.compute_ms += now_ms() - t0;
         free(kj), free(vj);

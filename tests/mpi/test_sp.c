@@ -7,7 +7,7 @@
  * splits (101 rows) and an explicit split with an empty shard; GQA (KV
  * heads split, and replicated when ulysses > Hkv); cross-attention; both
  * causal alignments (rows that see no key included); f32 and bf16 inputs;
- * a bf16 output. Then the refusals: ranks that disagree on the shape all
+ * a bf16 output; the zigzag split (two ranges per rank, copied out). Then the refusals: ranks that disagree on the shape all
  * get INVALID_ARGUMENT (no hang), a degree that does not divide the heads
  * is refused with the degrees that work, a wrong local size names it.
  *
@@ -66,16 +66,38 @@ typedef struct spcase {
     sdpa_dtype dtype, out_dtype;
     sdpa_causal causal;
     const int64_t *q_counts; /* or NULL */
+    int zigzag;
 } spcase;
+
+/* A rank's rows under zigzag are two ranges: copied out of the full
+ * tensor [B, S, H, D] (es bytes an element) into [B, total, H, D]. */
+static void *take_rows(const void *src, size_t es, int64_t B, int64_t S, int64_t H, int64_t D,
+                       const int64_t f[2], const int64_t n[2])
+{
+    const int64_t total = n[0] + n[1], w = H * D;
+    char *dst = malloc(es * (size_t)(B * (total ? total : 1) * w));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t li = 0, g = 0; g < 2; g++)
+            for (int64_t i = 0; i < n[g]; i++, li++)
+                memcpy(dst + es * (size_t)((b * total + li) * w),
+                       (const char *)src + es * (size_t)((b * S + f[g] + i) * w), es * (size_t)w);
+    return dst;
+}
+
+/* The global row of local row li. */
+static int64_t global_row(const int64_t f[2], const int64_t n[2], int64_t li)
+{
+    return li < n[0] ? f[0] + li : f[1] + li - n[0];
+}
 
 static void run_case(sdpa_context *ctx, const spcase *c)
 {
     char what[160];
-    snprintf(what, sizeof what, "P=%d U=%d R=%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld %s->%s %s%s",
+    snprintf(what, sizeof what, "P=%d U=%d R=%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld %s->%s %s%s%s",
              size, c->U, c->R, (long long)c->B, (long long)c->Sq, (long long)c->Skv,
              (long long)c->Hq, (long long)c->Hkv, sdpa_dtype_name(c->dtype),
              sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal),
-             c->q_counts ? " explicit split" : "");
+             c->q_counts ? " explicit split" : "", c->zigzag ? " zigzag" : "");
     const size_t es = c->dtype == SDPA_F32 ? 4 : 2, oes = c->out_dtype == SDPA_F32 ? 4 : 2;
     const size_t nq = (size_t)(c->B * c->Sq * c->Hq * c->D), nk = (size_t)(c->B * c->Skv * c->Hkv * c->D);
     float *qf = fill(nq), *kf = fill(nk), *vf = fill(nk);
@@ -93,21 +115,34 @@ static void run_case(sdpa_context *ctx, const spcase *c)
     prm.backend = "ref", prm.causal = c->causal;
     CHECK(sdpa_forward(ctx, &tq, &tk, &tv, &tw, want_lse, &prm) == SDPA_OK, "%s: ref: %s", what,
           sdpa_last_error());
-    sdpa_mpi_shape shape = {c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D, c->dtype, c->causal};
+    sdpa_mpi_shape shape = {c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D, c->dtype, c->causal,
+                            c->zigzag};
     sdpa_mpi_plan *plan;
     sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, c->U, c->R, &shape, c->q_counts, NULL,
                                           &plan);
     CHECK(st == SDPA_OK, "%s: plan: %s", what, sdpa_mpi_last_error());
     if (st != SDPA_OK)
         goto done;
-    int64_t q0, qn, k0, kn;
-    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
-    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
-    /* this rank's rows: views into the full inputs, no copies */
+    int64_t rq_f[2], rq_n[2], rk_f[2], rk_n[2];
+    const int nr = sdpa_mpi_ranges(plan, -1, 0, rq_f, rq_n);
+    sdpa_mpi_ranges(plan, -1, 1, rk_f, rk_n);
+    CHECK(nr == (c->zigzag ? 2 : 1), "%s: %d ranges", what, nr);
+    const int64_t qn = rq_n[0] + rq_n[1], kn = rk_n[0] + rk_n[1], q0 = rq_f[0];
+    /* this rank's rows: views into the full inputs (one range), or copies */
     sdpa_tensor lq = tq, lk = tk, lv = tv;
-    lq.data = (char *)q + q0 * tq.stride[1] * (int64_t)es, lq.size[1] = qn;
-    lk.data = (char *)k + k0 * tk.stride[1] * (int64_t)es, lk.size[1] = kn;
-    lv.data = (char *)v + k0 * tv.stride[1] * (int64_t)es, lv.size[1] = kn;
+    void *cq = NULL, *ck = NULL, *cv = NULL;
+    if (nr == 1) {
+        lq.data = (char *)q + q0 * tq.stride[1] * (int64_t)es, lq.size[1] = qn;
+        lk.data = (char *)k + rk_f[0] * tk.stride[1] * (int64_t)es, lk.size[1] = kn;
+        lv.data = (char *)v + rk_f[0] * tv.stride[1] * (int64_t)es, lv.size[1] = kn;
+    } else {
+        cq = take_rows(q, es, c->B, c->Sq, c->Hq, c->D, rq_f, rq_n);
+        ck = take_rows(k, es, c->B, c->Skv, c->Hkv, c->D, rk_f, rk_n);
+        cv = take_rows(v, es, c->B, c->Skv, c->Hkv, c->D, rk_f, rk_n);
+        lq = sdpa_tensor_bshd(cq, c->dtype, c->B, qn ? qn : 1, c->Hq, c->D);
+        lk = sdpa_tensor_bshd(ck, c->dtype, c->B, kn ? kn : 1, c->Hkv, c->D);
+        lv = sdpa_tensor_bshd(cv, c->dtype, c->B, kn ? kn : 1, c->Hkv, c->D);
+    }
     void *out = malloc(oes * (size_t)(c->B * (qn ? qn : 1) * c->Hq * c->D));
     float *lse = malloc(sizeof(float) * (size_t)(c->B * c->Hq * (qn ? qn : 1)));
     sdpa_tensor lo = sdpa_tensor_bshd(out, c->out_dtype, c->B, qn ? qn : 1, c->Hq, c->D);
@@ -122,12 +157,12 @@ static void run_case(sdpa_context *ctx, const spcase *c)
                 for (int64_t h = 0; h < c->Hq; h++) {
                     for (int64_t d = 0; d < c->D; d++) {
                         const double g = get(out, c->out_dtype, (size_t)(((b * qn + i) * c->Hq + h) * c->D + d));
-                        const double w = want[((b * c->Sq + q0 + i) * c->Hq + h) * c->D + d];
+                        const double w = want[((b * c->Sq + global_row(rq_f, rq_n, i)) * c->Hq + h) * c->D + d];
                         const double e = fabs(g - w);
                         worst = e > worst || e != e ? (e != e ? INFINITY : e) : worst;
                     }
                     const double gl = lse[(b * c->Hq + h) * qn + i];
-                    const double wl = want_lse[(b * c->Hq + h) * c->Sq + q0 + i];
+                    const double wl = want_lse[(b * c->Hq + h) * c->Sq + global_row(rq_f, rq_n, i)];
                     const double e = isinf(gl) || isinf(wl) ? (gl == wl ? 0 : INFINITY) : fabs(gl - wl);
                     worst_lse = e > worst_lse || e != e ? (e != e ? INFINITY : e) : worst_lse;
                 }
@@ -136,7 +171,7 @@ static void run_case(sdpa_context *ctx, const spcase *c)
         CHECK(worst <= tol && worst_lse <= 1e-4, "%s: rows %lld..%lld: |out - ref| %.3g, |lse - ref| %.3g",
               what, (long long)q0, (long long)(q0 + qn), worst, worst_lse);
     }
-    free(out), free(lse);
+    free(out), free(lse), free(cq), free(ck), free(cv);
     sdpa_mpi_plan_destroy(plan);
 done:
     free(qf), free(kf), free(vf), free(want), free(want_lse);
@@ -159,7 +194,7 @@ static void joint_case(sdpa_context *ctx, int U, int R)
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.backend = "ref";
     CHECK(sdpa_forward(ctx, &tq, &tk, &tv, &tw, NULL, &prm) == SDPA_OK, "%s: ref", what);
-    sdpa_mpi_shape shape = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_CAUSAL_NONE};
+    sdpa_mpi_shape shape = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_CAUSAL_NONE, 0};
     sdpa_mpi_plan *plan;
     if (sdpa_mpi_plan_create(MPI_COMM_WORLD, U, R, &shape, NULL, NULL, &plan) != SDPA_OK) {
         CHECK(0, "%s: plan: %s", what, sdpa_mpi_last_error());
@@ -194,7 +229,7 @@ static void joint_case(sdpa_context *ctx, int U, int R)
 static void refusals(sdpa_context *ctx)
 {
     /* ranks disagree: rank 0 says Sq = 64, the others 65; all must fail */
-    sdpa_mpi_shape s = {1, rank == 0 ? 64 : 65, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_NONE};
+    sdpa_mpi_shape s = {1, rank == 0 ? 64 : 65, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_NONE, 0};
     sdpa_mpi_plan *plan = (sdpa_mpi_plan *)1;
     sdpa_status st = sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size, &s, NULL, NULL, &plan);
     if (size > 1)
@@ -204,7 +239,7 @@ static void refusals(sdpa_context *ctx)
     else if (st == SDPA_OK) /* one rank agrees with itself */
         sdpa_mpi_plan_destroy(plan);
     /* a ulysses degree that does not divide the heads */
-    sdpa_mpi_shape h3 = {1, 64, 64, 3, 3, 16, SDPA_F32, SDPA_CAUSAL_NONE};
+    sdpa_mpi_shape h3 = {1, 64, 64, 3, 3, 16, SDPA_F32, SDPA_CAUSAL_NONE, 0};
     if (size > 1 && 3 % size != 0) {
         st = sdpa_mpi_plan_create(MPI_COMM_WORLD, size, 1, &h3, NULL, NULL, &plan);
         CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_mpi_last_error(), "degrees that work"),
@@ -214,7 +249,13 @@ static void refusals(sdpa_context *ctx)
     CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_mpi_last_error(), "communicator's size"),
           "grid larger than the communicator: %s", sdpa_mpi_last_error());
     /* a wrong local size on one rank: every rank fails, the wrong one says why */
-    sdpa_mpi_shape ok = {1, 64, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_NONE};
+    sdpa_mpi_shape ok = {1, 64, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_NONE, 0};
+    /* zigzag makes its own split: explicit counts with it are refused */
+    sdpa_mpi_shape zz = {1, 64, 64, 4, 4, 16, SDPA_F32, SDPA_CAUSAL_TOP_LEFT, 1};
+    int64_t counts[4] = {64, 0, 0, 0};
+    st = sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size, &zz, counts, NULL, &plan);
+    CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_mpi_last_error(), "zigzag"),
+          "zigzag with counts: %s", sdpa_mpi_last_error());
     if (sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size, &ok, NULL, NULL, &plan) == SDPA_OK) {
         int64_t q0, qn;
         sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
@@ -264,7 +305,7 @@ int main(int argc, char **argv)
             /* GQA: 2 KV heads (split by 2, replicated by 4), 3 when ulysses is 3 */
             const int64_t hkv = U == 3 ? 3 : 2;
             spcase c = {U, R, 2, 101, 101, 12, hkv, 32, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
-                        NULL};
+                        NULL, 0};
             run_case(ctx, &c);
             c.Sq = 50, c.Skv = 77, c.dtype = SDPA_BF16; /* cross; bf16 in */
             run_case(ctx, &c);
@@ -272,9 +313,15 @@ int main(int argc, char **argv)
             run_case(ctx, &c);
             if (size == 4) {
                 spcase e = {U, R, 1, 101, 101, 4, 4, 16, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
-                            uneven};
+                            uneven, 0};
                 run_case(ctx, &e);
             }
+            /* the zigzag split: self (odd length), and cross with more keys */
+            spcase z = {U, R, 2, 101, 101, 12, hkv, 32, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
+                        NULL, 1};
+            run_case(ctx, &z);
+            z.Sq = 50, z.Skv = 77, z.dtype = SDPA_BF16;
+            run_case(ctx, &z);
         }
     }
     for (int g = 0; g < ng; g++)

@@ -729,7 +729,8 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
                    OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_pml="ob1",
                    OMPI_MCA_btl="self,vader", OMPI_MCA_btl_vader_single_copy_mechanism="none",
                    OMPI_MCA_plm="isolated")
-    for sp, n in (("ring", 3), ("ulysses", 2), ("usp:2x2", 4)):
+    for sp, n in (("ring", 3), ("ulysses", 2), ("usp:2x2", 4), ("ring:zigzag", 2),
+                  ("usp:2x2:zigzag", 4)):
         r = subprocess.run([mpirun, "-n", str(n), SDPA, "run", *base, "--sp", sp, "--out",
                             path("sp2.npy"), "--lse", path("spl2.npy")], capture_output=True,
                            text=True, env=mpi_env, timeout=300)
