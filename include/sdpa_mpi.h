@@ -123,7 +123,9 @@ typedef struct sdpa_mpi_stats {
     int64_t bytes_sent, bytes_received;
     double compute_ms;  /* local attention and merges            */
     double total_ms;    /* the whole call                         */
-    double wait_ms;     /* blocked on messages the compute did not hide */
+    double wait_ms;     /* blocked on messages the compute did not hide: ring
+                         * waits, and every Ulysses all-to-all (nothing runs
+                         * beside those) */
 } sdpa_mpi_stats;
 void sdpa_mpi_last_stats(const sdpa_mpi_plan *plan, sdpa_mpi_stats *out);
 

@@ -327,9 +327,10 @@ static sdpa_tensor block(void *p, sdpa_dtype dtype, int64_t B, int64_t n, int64_
 
 /* One all-to-all of [B, rows, heads, D] pieces within the Ulysses group,
  * in units of one D-row: counts[u] rows-of-D to/from member u. */
-static sdpa_status alltoall(const sdpa_mpi_plan *p, const void *send, const int64_t *sc,
+static sdpa_status alltoall(sdpa_mpi_plan *p, const void *send, const int64_t *sc,
                             void *recv, const int64_t *rc, size_t row_bytes)
 {
+    const double t0 = now_ms(); /* Ulysses' exchanges hide behind nothing: all of it is waiting */
     int *c = malloc(sizeof(int) * 4 * (size_t)p->U);
     if (!c)
         return fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory");
@@ -351,6 +352,7 @@ static sdpa_status alltoall(const sdpa_mpi_plan *p, const void *send, const int6
                                 p->group);
     MPI_Type_free(&row);
     free(c);
+    p->stats.wait_ms += now_ms() - t0;
     return e == MPI_SUCCESS ? SDPA_OK : fail(SDPA_DEVICE_ERROR, "sdpa_mpi_forward: "
                                              "MPI_Alltoallv failed");
 }
