@@ -148,8 +148,8 @@ def main(argv=None):
           f"OpenBLAS {L.peers_openblas_config().decode()}")
     print(f"# ceiling: fp32 FMA {ceil:.0f} GFLOP/s; VDPBF16PS "
           + (f"{bf16_ceil:.0f} GFLOP/s" if bf16_ceil > 0 else "none")
-          + " (libsdpa probes, best of 3, this run); %peak of bf16-product backends is of "
-          "VDPBF16PS, of the others fp32 FMA")
+          + " (libsdpa probes, best of 3, this run); %peak of bf16-product backends (and of "
+          "the bf16 peers) is of VDPBF16PS, of the others fp32 FMA")
     print("# heads cut to keep a call <= %g GFLOP (Hq/Hkv kept); padded rows run unpadded; "
           "torch timed from Python, the rest in C" % a.max_gflop)
     print(f"{'row':22} {'Hq':>3} {'contender':24} {'median_ms':>10} {'GFLOP/s':>8} {'%peak':>6} "
@@ -226,8 +226,11 @@ def main(argv=None):
             if not err <= tol:
                 bad.add(n)
             gf = flops / (med[n] * 1e6)
-            pk = bf16_ceil if bits.get(chosen if n == "libsdpa" else n, 0) == 8 and bf16_ceil > 0 \
-                else ceil
+            # bf16 peers may run bf16 products (oneDNN does, on VDPBF16PS): their %peak is
+            # of that ceiling; libsdpa's backends say which products they run
+            b16 = bits.get(chosen if n == "libsdpa" else n, 8 if n in ("torch", "onednn") and bf16
+                           else 0) == 8
+            pk = bf16_ceil if b16 and bf16_ceil > 0 else ceil
             label = f"libsdpa ({chosen})" if n == "libsdpa" else n
             print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} {100 * gf / pk:5.1f}% "
                   f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))

@@ -215,9 +215,9 @@ static inline int64_t d_padded(int64_t D) { return (D + VL - 1) / VL * VL; }
  * rows at a time are converted into w->tr (one row of tile_words_padded
  * words each, zero padded), then moved VL x VL block by block
  * (V_TRANSPOSE_REGS). Lanes past `rows` in its last vector are zeros;
- * vectors past it are left as they were: the micro-kernel's qv skips them. f32 rows with a
- * unit-stride D of whole vectors skip w->tr: loaded, scaled and transposed
- * in registers.
+ * vectors past it are left as they were: the micro-kernel's qv skips them.
+ * f32 rows with a unit-stride D skip w->tr: loaded (the last part of a row
+ * masked), scaled and transposed in registers.
  */
 static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
                    const flash_task *tk, int64_t i0, int rows)
@@ -225,7 +225,7 @@ static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
     const sdpa_tensor *q = c->q;
     const int64_t D = c->desc.D, words = tile_words(D), ld = tile_words_padded(D);
 #ifndef TILED_PAIRS
-    const int direct = q->dtype == SDPA_F32 && q->stride[3] == 1 && D % VL == 0;
+    const int direct = q->dtype == SDPA_F32 && q->stride[3] == 1;
 #endif
     for (int r0 = 0; r0 < rows; r0 += VL) { /* vectors past the rows are never read (qv) */
 #ifndef TILED_PAIRS
@@ -239,11 +239,14 @@ static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
             }
             const vec scale = V_SET1((float)c->scale);
             for (int64_t d0 = 0; d0 < D; d0 += VL) {
+                const int nd = D - d0 < VL ? (int)(D - d0) : VL; /* a last part of the row */
                 vec x[VL];
                 for (int r = 0; r < VL; r++)
-                    x[r] = r < n ? V_MUL(V_LOAD(src[r] + d0), scale) : V_ZERO();
+                    x[r] = r >= n ? V_ZERO()
+                           : nd == VL ? V_MUL(V_LOAD(src[r] + d0), scale)
+                                      : V_MUL(V_LOAD_PART(src[r] + d0, nd), scale);
                 V_TRANSPOSE_REGS(x);
-                for (int j = 0; j < VL; j++)
+                for (int j = 0; j < nd; j++)
                     V_STORE(qb->qt + (d0 + j) * BQ + r0, x[j]);
             }
             continue;
@@ -449,9 +452,9 @@ static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb,
 {
     const int64_t D = c->desc.D, ld = d_padded(D);
     const sdpa_tensor *out = c->out;
-    if (out->dtype == SDPA_F32 && out->stride[3] == 1 && D % VL == 0) {
-        /* f32 rows of whole vectors: transposed in registers, scaled and
-         * stored to the output directly */
+    if (out->dtype == SDPA_F32 && out->stride[3] == 1) {
+        /* f32 rows: transposed in registers, scaled and stored to the output
+         * directly (the last part of a row masked) */
         for (int r0 = 0; r0 < rows; r0 += VL) {
             const int n = rows - r0 < VL ? rows - r0 : VL;
             float *dst[VL], mul[VL];
@@ -464,12 +467,18 @@ static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb,
                 sdpa__store_lse(c, tk->b, i, h, qb->m[r0 + r], l);
             }
             for (int64_t d0 = 0; d0 < D; d0 += VL) {
+                const int nd = D - d0 < VL ? (int)(D - d0) : VL; /* O^T has D rows */
                 vec x[VL];
                 for (int j = 0; j < VL; j++)
-                    x[j] = V_LOAD(qb->ot + (d0 + j) * BQ + r0);
+                    x[j] = j < nd ? V_LOAD(qb->ot + (d0 + j) * BQ + r0) : V_ZERO();
                 V_TRANSPOSE_REGS(x);
-                for (int r = 0; r < n; r++) /* mul 0: zeros, whatever O^T holds */
-                    V_STORE(dst[r] + d0, mul[r] == 0.0f ? V_ZERO() : V_MUL(x[r], V_SET1(mul[r])));
+                for (int r = 0; r < n; r++) { /* mul 0: zeros, whatever O^T holds */
+                    const vec y = mul[r] == 0.0f ? V_ZERO() : V_MUL(x[r], V_SET1(mul[r]));
+                    if (nd == VL)
+                        V_STORE(dst[r] + d0, y);
+                    else
+                        V_STORE_PART(dst[r] + d0, y, nd);
+                }
             }
         }
         return;

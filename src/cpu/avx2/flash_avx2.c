@@ -12,6 +12,7 @@
  */
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define VL 8
 #define QV 3
@@ -28,6 +29,15 @@ typedef __m256 vec;
 #define V_MAX(a, b) _mm256_max_ps((a), (b))
 #define V_EXP(x) exp256(x)
 #define V_TRANSPOSE_REGS(r) transpose8(r)
+/* the first n < 8 lanes of p (the rest zero), and into p */
+#define V_LOAD_PART(p, n) _mm256_maskload_ps((p), part_mask(n))
+#define V_STORE_PART(p, x, n) _mm256_maskstore_ps((p), part_mask(n), (x))
+
+static inline __m256i part_mask(int n)
+{
+    static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(lanes + 8 - n));
+}
 
 static inline __m256 exp256(__m256 x)
 {

@@ -24,6 +24,9 @@ typedef __m512 vec;
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_EXP(x) exp512(x)
 #define V_TRANSPOSE_REGS(r) transpose16(r)
+/* the first n < 16 lanes of p (the rest zero), and into p */
+#define V_LOAD_PART(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), (p))
+#define V_STORE_PART(p, x, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (x))
 
 static inline __m512 exp512(__m512 x)
 {
