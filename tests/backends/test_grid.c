@@ -302,6 +302,17 @@ static void grid(const char *backend)
             c.scale = -0.3, c.dtype = (sdpa_dtype)in, c.causal = (sdpa_causal)i;
             check_case(backend, &c);
         }
+    /* A handful of keys (the tiled kernels' rows path, flash_rows.h): the
+     * 26-token grouped-query shape, strided, peaked, and non-finite values. */
+    c = mk(1, 26, 26, 16, 2, 128);
+    check_case(backend, &c);
+    c.layout = TL_STRIDED, c.values = TL_PEAKED;
+    check_case(backend, &c);
+    for (int v = TL_NAN_Q; v < TL_VALUES_COUNT; v++) {
+        c = mk(2, 30, 29, 4, 2, 64);
+        c.values = (tl_values)v;
+        check_case(backend, &c);
+    }
     /* A huge finite scale: no undefined behaviour, the largest score wins. */
     c = mk(1, 40, 70, 2, 2, 64);
     c.scale = 1e30;
