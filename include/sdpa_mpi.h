@@ -87,9 +87,15 @@ int sdpa_mpi_ranges(const sdpa_mpi_plan *plan, int rank, int kv, int64_t first[2
 
 /*
  * Collective. q [B, count_q, Hq, D], k and v [B, count_kv, Hkv, D] are this
- * rank's rows (any strides, CPU memory); out [B, count_q, Hq, D] (any
- * dtype) and lse (float32 [B, Hq, count_q], or NULL) receive this rank's
- * rows of the result. params: scale, backend, deterministic, component
+ * rank's rows (CPU memory, any strides; or CUDA device memory with
+ * contiguous heads, on every rank alike); out [B, count_q, Hq, D] (any
+ * dtype) and lse (float32 [B, Hq, count_q], or NULL; device memory with
+ * device tensors) receive this rank's rows of the result. Device tensors
+ * are staged through host memory: rows copied to the host, messages
+ * between host buffers, each block's attention on the device through the
+ * context's CUDA backends, the result copied back (written and compiled,
+ * not yet run on a GPU; causal on device tensors needs shard boundaries on
+ * the diagonal, since the CUDA backends take no general mask). params: scale, backend, deterministic, component
  * and quant are honoured for the local calls; causal comes from the plan;
  * masks are not taken (INVALID_ARGUMENT). ctx runs the local attention.
  */

@@ -20,6 +20,7 @@
  * Hkv/U D; see shared/notes/sequence-parallel.md.
  */
 #include "sdpa_mpi.h"
+#include "device_staging.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -480,10 +481,54 @@ enum { PIECES = 4 };
  * j <= i + d (causal only). With ring requests pending (nreq > 0) the work
  * runs per batch entry and group of heads, testing them in between.
  */
+/* Device buffers of a forward on CUDA tensors (device_staging.h): a
+ * block's q, k and v go in, its output and LSE come out. */
+typedef struct device_bufs {
+    void *q, *k, *v, *o;
+    float *lse;
+    int ordinal;
+} device_bufs;
+
+/* The block's attention on the device: inputs copied in, sdpa_forward on
+ * device tensors (the context's CUDA backends), output and LSE copied to
+ * tmp and ltmp on the host. */
+static sdpa_status device_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const device_bufs *db,
+                                const segment *q, const void *k, const void *v, int64_t nk,
+                                int64_t hq, int64_t hk, float *tmp, float *ltmp,
+                                const sdpa_params *prm)
+{
+    const sdpa_mpi_shape *s = &p->s;
+    const size_t es = esize(s->dtype), nqb = es * (size_t)(s->B * q->n * hq * s->D),
+                 nkb = es * (size_t)(s->B * nk * hk * s->D);
+    char why[300];
+    sdpa_status st = sp_cuda_copy(db->q, nqb, q->data, nqb, nqb, 1, 1, why, sizeof why);
+    if (st == SDPA_OK)
+        st = sp_cuda_copy(db->k, nkb, k, nkb, nkb, 1, 1, why, sizeof why);
+    if (st == SDPA_OK)
+        st = sp_cuda_copy(db->v, nkb, v, nkb, nkb, 1, 1, why, sizeof why);
+    if (st != SDPA_OK)
+        return fail(st, "sdpa_mpi_forward: %s", why);
+    const sdpa_device dev = {SDPA_DEVICE_CUDA, db->ordinal};
+    sdpa_tensor tq = block(db->q, s->dtype, s->B, q->n, hq, s->D);
+    sdpa_tensor tk = block(db->k, s->dtype, s->B, nk, hk, s->D);
+    sdpa_tensor tv = block(db->v, s->dtype, s->B, nk, hk, s->D);
+    sdpa_tensor to = block(db->o, SDPA_F32, s->B, q->n, hq, s->D);
+    tq.device = tk.device = tv.device = to.device = dev;
+    st = sdpa_forward(ctx, &tq, &tk, &tv, &to, db->lse, prm);
+    if (st != SDPA_OK)
+        return fail(st, "sdpa_mpi_forward: local attention on the device: %s", sdpa_last_error());
+    const size_t nob = 4 * (size_t)(s->B * q->n * hq * s->D), nlb = 4 * (size_t)(s->B * hq * q->n);
+    st = sp_cuda_copy(tmp, nob, db->o, nob, nob, 1, 0, why, sizeof why);
+    if (st == SDPA_OK)
+        st = sp_cuda_copy(ltmp, nlb, db->lse, nlb, nlb, 1, 0, why, sizeof why);
+    return st == SDPA_OK ? SDPA_OK : fail(st, "sdpa_mpi_forward: %s", why);
+}
+
 static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const segment *q,
                              void *k, void *v, int64_t nk, int64_t d, int64_t hq, int64_t hk,
                              sdpa_tensor *acc, float *lacc, float *tmp, float *ltmp,
-                             const sdpa_params *user, MPI_Request *req, int nreq)
+                             const sdpa_params *user, MPI_Request *req, int nreq,
+                             const device_bufs *db)
 {
     const sdpa_mpi_shape *s = &p->s;
     const int64_t nq = q->n;
@@ -500,6 +545,10 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
             else if (d == nk - nq)
                 prm.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
             else { /* another offset: this block's own mask */
+                if (db) /* the CUDA backends take no general mask */
+                    return fail(SDPA_UNSUPPORTED, "sdpa_mpi_forward: causal on device tensors "
+                                "needs shard boundaries on the diagonal (equal splits, no "
+                                "zigzag); a block has offset %lld", (long long)d);
                 if (!(vis = malloc((size_t)(nq * nk))))
                     return fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for a mask");
                 for (int64_t i = 0; i < nq; i++)
@@ -510,6 +559,15 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
                 prm.mask = &m;
             }
         }
+    }
+    if (db) {
+        sdpa_status st = device_block(ctx, p, db, q, k, v, nk, hq, hk, tmp, ltmp, &prm);
+        if (st == SDPA_OK) {
+            sdpa_tensor to = block(tmp, SDPA_F32, s->B, nq, hq, s->D);
+            st = sdpa_merge(acc, lacc, &to, ltmp, acc, lacc);
+        }
+        return st == SDPA_OK ? SDPA_OK : (last_error[0] ? st : fail(st, "sdpa_mpi_forward: "
+                                                                   "merge: %s", sdpa_last_error()));
     }
     /* whole block at once, or per (batch entry, group of query heads that
      * share KV heads) */
@@ -563,9 +621,12 @@ static sdpa_status check_local(const sdpa_mpi_plan *p, const sdpa_tensor *t, con
             return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: %s->size[%d] is %lld on rank "
                         "%d, expected %lld", name, i, (long long)t->size[i], p->rank,
                         (long long)want[i]);
-    if (t->device.kind != SDPA_DEVICE_CPU)
-        return fail(SDPA_UNSUPPORTED, "sdpa_mpi_forward: %s is device memory; this build "
-                    "stages nothing through the host yet (CPU tensors only)", name);
+    if (t->device.kind != SDPA_DEVICE_CPU &&
+        (t->device.kind != SDPA_DEVICE_CUDA || t->stride[3] != 1 || t->stride[2] != s->D))
+        return fail(SDPA_UNSUPPORTED, "sdpa_mpi_forward: %s is device memory with strides "
+                    "S=%lld H=%lld D=%lld; device tensors are staged by rows, which needs "
+                    "contiguous heads (H stride D, D stride 1)", name, (long long)t->stride[1],
+                    (long long)t->stride[2], (long long)t->stride[3]);
     if (!is_out && t->dtype != s->dtype)
         return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: %s is %s, expected the plan's %s",
                     name, sdpa_dtype_name(t->dtype), sdpa_dtype_name(s->dtype));
@@ -686,7 +747,8 @@ static sdpa_status check_joint(const sdpa_mpi_plan *p, const sdpa_tensor *kj,
                             (long long)t[i]->size[d], (long long)want[d]);
         if (t[i]->dtype != p->s.dtype || t[i]->device.kind != SDPA_DEVICE_CPU)
             return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward_joint: %s must be CPU memory in "
-                        "the plan's dtype %s", names[i], sdpa_dtype_name(p->s.dtype));
+                        "the plan's dtype %s (replicated text keys are not staged from a "
+                        "device)", names[i], sdpa_dtype_name(p->s.dtype));
     }
     return SDPA_OK;
 }
@@ -722,6 +784,62 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     if ((st = agree(p->comm, st, p->rank)) != SDPA_OK)
         return st; /* every rank returns here together: nothing has moved */
 
+    /* Device tensors (device_staging.h): every rank's, or none; their rows
+     * are copied to the host here and the result back at the end. */
+    int mode[2] = {0, 0}, all[2] = {0, 0}, ordinal = 0; /* any device tensor, any host one */
+    const sdpa_tensor *loc[4] = {nq ? q : NULL, nkv ? k : NULL, nkv ? v : NULL, nq ? out : NULL};
+    for (int i = 0; i < 4; i++)
+        if (loc[i]) {
+            const int d = loc[i]->device.kind == SDPA_DEVICE_CUDA;
+            mode[d ? 0 : 1] = 1;
+            ordinal = d ? loc[i]->device.ordinal : ordinal;
+        }
+    MPI_Allreduce(mode, all, 2, MPI_INT, MPI_MAX, p->comm);
+    if (all[0] && all[1])
+        return fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: the local tensors mix device and "
+                    "host memory (on this rank or across ranks); one kind for all of them");
+    const int on_device = all[0];
+    char *staged = NULL; /* host copies: q, k, v, then the result and its LSE */
+    sdpa_tensor hq_t, hk_t, hv_t, ho_t;
+    sdpa_tensor *out_user = out;
+    float *lse_user = lse;
+    const size_t es = esize(s->dtype), oes = esize(out ? out->dtype : SDPA_F32);
+    if (on_device) {
+        char why[300];
+        st = sp_cuda_load(why, sizeof why);
+        const size_t bq = es * (size_t)(s->B * nq * s->Hq * s->D),
+                     bk = es * (size_t)(s->B * nkv * s->Hkv * s->D),
+                     bo = oes * (size_t)(s->B * nq * s->Hq * s->D),
+                     bl = sizeof(float) * (size_t)(s->B * s->Hq * nq);
+        if (st == SDPA_OK && !(staged = malloc(bq + 2 * bk + bo + bl + 64)))
+            st = SDPA_OUT_OF_MEMORY, snprintf(why, sizeof why, "no host memory for staging");
+        const sdpa_tensor *src[3] = {q, k, v};
+        sdpa_tensor *dst[3] = {&hq_t, &hk_t, &hv_t};
+        const int64_t rows[3] = {nq, nkv, nkv}, heads[3] = {s->Hq, s->Hkv, s->Hkv};
+        char *at = staged;
+        for (int i = 0; i < 3 && st == SDPA_OK; i++) {
+            *dst[i] = block(at, s->dtype, s->B, rows[i] ? rows[i] : 1, heads[i], s->D);
+            const size_t w = es * (size_t)(heads[i] * s->D);
+            for (int64_t b = 0; b < s->B && rows[i] && st == SDPA_OK; b++)
+                st = sp_cuda_copy(at + w * (size_t)(b * rows[i]), w,
+                                  (const char *)src[i]->data + b * src[i]->stride[0] * (int64_t)es,
+                                  es * (size_t)src[i]->stride[1], w, (size_t)rows[i], 0, why,
+                                  sizeof why);
+            at += es * (size_t)(s->B * rows[i] * heads[i] * s->D);
+        }
+        if (st == SDPA_OK) {
+            ho_t = block(at, out ? out->dtype : SDPA_F32, s->B, nq ? nq : 1, s->Hq, s->D);
+            q = &hq_t, k = &hk_t, v = &hv_t, out = &ho_t;
+            lse = (float *)(at + bo);
+        }
+        if (st != SDPA_OK)
+            fail(st, "sdpa_mpi_forward: staging device tensors: %s", why);
+        if ((st = agree(p->comm, st, p->rank)) != SDPA_OK) {
+            free(staged);
+            return st;
+        }
+    }
+
     const int64_t hq = s->Hq / p->U, hk = p->kv_replicated ? 1 : s->Hkv / p->U;
     gathered gq = {0}, gk = {0}, gv = {0};
     /* a failure inside a gather with messages is agreed there (every rank
@@ -747,9 +865,31 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     float *lacc = malloc(acc_n * sizeof(float)), *ltmp = malloc(acc_n * sizeof(float));
     if (st == SDPA_OK && (!cur || !next || !acc || !tmp || !lacc || !ltmp))
         st = fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the ring");
+    /* on the device: buffers for one block's q, k, v, output and LSE */
+    device_bufs db = {NULL, NULL, NULL, NULL, NULL, ordinal}, *dbp = on_device ? &db : NULL;
+    if (on_device && st == SDPA_OK) {
+        const int64_t T = k_joint ? k_joint->size[1] : 0, nseg_max =
+            gq.seg[0].n > gq.seg[1].n ? gq.seg[0].n : gq.seg[1].n;
+        const int64_t nkb = max_nk > T ? max_nk : T;
+        char why[300];
+        st = sp_cuda_alloc(&db.q, row * (size_t)(s->B * nseg_max * hq), why, sizeof why);
+        if (st == SDPA_OK)
+            st = sp_cuda_alloc(&db.k, row * (size_t)(s->B * nkb * hk), why, sizeof why);
+        if (st == SDPA_OK)
+            st = sp_cuda_alloc(&db.v, row * (size_t)(s->B * nkb * hk), why, sizeof why);
+        if (st == SDPA_OK)
+            st = sp_cuda_alloc(&db.o, 4 * (size_t)(s->B * nseg_max * hq * s->D), why, sizeof why);
+        if (st == SDPA_OK)
+            st = sp_cuda_alloc((void **)&db.lse, 4 * (size_t)(s->B * hq * nseg_max), why,
+                               sizeof why);
+        if (st != SDPA_OK)
+            fail(st, "sdpa_mpi_forward: %s", why);
+    }
     if ((st = agree(p->comm, st, p->rank)) != SDPA_OK) { /* together, before any ring message */
         free(gq.data), free(gk.data), free(gv.data);
         free(cur), free(next), free(acc), free(tmp), free(lacc), free(ltmp);
+        sp_cuda_free(db.q), sp_cuda_free(db.k), sp_cuda_free(db.v), sp_cuda_free(db.o);
+        sp_cuda_free(db.lse), free(staged);
         p->stats.total_ms = now_ms() - t_start;
         return st;
     }
@@ -802,7 +942,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
                 if (gq.seg[a].n > 0 && kn > 0)
                     st = one_block(ctx, p, &gq.seg[a], cur + at, cur + kv_bytes + at, kn,
                                    gq.seg[a].first + off - kfirst, hq, hk, &tacc[a], lacc_r[a],
-                                   tmp, ltmp, prm, req, nreq);
+                                   tmp, ltmp, prm, req, nreq, dbp);
             }
         const double t1 = now_ms();
         if (nreq)
@@ -826,7 +966,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
             for (int a = 0; a < gq.nseg && st == SDPA_OK; a++)
                 if (gq.seg[a].n > 0)
                     st = one_block(ctx, &flat_plan, &gq.seg[a], kj, vj, T, 0, hq, hk, &tacc[a],
-                                   lacc_r[a], tmp, ltmp, prm, NULL, 0);
+                                   lacc_r[a], tmp, ltmp, prm, NULL, 0, dbp);
         }
         p->stats.compute_ms += now_ms() - t0;
         free(kj), free(vj);
@@ -834,8 +974,25 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     if ((st = agree(p->comm, st, p->rank)) == SDPA_OK)
         st = scatter_result(p, &gq, acc, lacc, hq, out, lse);
     st = agree(p->comm, st, p->rank);
+    if (on_device && st == SDPA_OK) { /* the result back to the caller's device tensors */
+        char why[300];
+        const size_t w = oes * (size_t)(s->Hq * s->D);
+        for (int64_t b = 0; b < s->B && nq && st == SDPA_OK; b++)
+            st = sp_cuda_copy((char *)out_user->data + b * out_user->stride[0] * (int64_t)oes,
+                              oes * (size_t)out_user->stride[1],
+                              (char *)out->data + w * (size_t)(b * nq), w, w, (size_t)nq, 1, why,
+                              sizeof why);
+        const size_t bl = sizeof(float) * (size_t)(s->B * s->Hq * nq);
+        if (st == SDPA_OK && lse_user && nq)
+            st = sp_cuda_copy(lse_user, bl, lse, bl, bl, 1, 1, why, sizeof why);
+        if (st != SDPA_OK)
+            fail(st, "sdpa_mpi_forward: the result to the device: %s", why);
+        st = agree(p->comm, st, p->rank);
+    }
     free(gq.data), free(gk.data), free(gv.data);
     free(cur), free(next), free(acc), free(tmp), free(lacc), free(ltmp);
+    sp_cuda_free(db.q), sp_cuda_free(db.k), sp_cuda_free(db.v), sp_cuda_free(db.o);
+    sp_cuda_free(db.lse), free(staged);
     p->stats.total_ms = now_ms() - t_start;
     return st;
 }

@@ -268,6 +268,30 @@ static void refusals(sdpa_context *ctx)
         if (rank == size - 1)
             CHECK(strstr(sdpa_mpi_last_error(), "q->size[1]") != NULL, "names q: %s",
                   sdpa_mpi_last_error());
+        /* device tensors are staged through the host: without a GPU (or with
+         * a bogus pointer) the first copy fails, on every rank together */
+        sdpa_tensor dq = sdpa_tensor_bshd((void *)(uintptr_t)0x1000, SDPA_F32, 1, qn, 4, 16);
+        dq.device.kind = SDPA_DEVICE_CUDA;
+        sdpa_tensor dout = dq;
+        st = sdpa_mpi_forward(plan, ctx, &dq, &dq, &dq, &dout, NULL, NULL);
+        CHECK((st == SDPA_DEVICE_ERROR && strstr(sdpa_mpi_last_error(), "staging")) ||
+                  (st == SDPA_NOT_AVAILABLE && strstr(sdpa_mpi_last_error(), "CUDA runtime")) ||
+                  (st != SDPA_OK && strstr(sdpa_mpi_last_error(), "rank")),
+              "device tensors without a device: %d %s", (int)st, sdpa_mpi_last_error());
+        /* device and host memory mixed: refused on every rank */
+        sdpa_tensor th = sdpa_tensor_bshd(buf, SDPA_F32, 1, qn, 4, 16);
+        st = sdpa_mpi_forward(plan, ctx, &dq, &th, &th, &to, NULL, NULL);
+        if (qn > 0)
+            CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_mpi_last_error(), "mix device and host"),
+                  "mixed memory: %s", sdpa_mpi_last_error());
+        /* a device tensor whose heads are not contiguous cannot be staged by rows */
+        sdpa_tensor ds = dq;
+        ds.stride[2] = 32, ds.stride[1] = 4 * 32;
+        st = sdpa_mpi_forward(plan, ctx, &ds, &dq, &dq, &dout, NULL, NULL);
+        CHECK(st != SDPA_OK, "strided device tensor: %d", (int)st);
+        if (qn > 0)
+            CHECK(strstr(sdpa_mpi_last_error(), "contiguous heads") != NULL, "names it: %s",
+                  sdpa_mpi_last_error());
         sdpa_mpi_plan_destroy(plan);
     }
 }
