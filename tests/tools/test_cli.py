@@ -14,6 +14,7 @@ import os
 import resource
 import stat
 import subprocess
+import re
 import sys
 import tempfile
 
@@ -755,6 +756,12 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
     check(r.returncode == 0 and "one process vs --sp ulysses: max pixel difference" in r.stdout and
           r.stdout.count("max pixel difference") == 1 and os.path.exists(path("ditsp-b.png")),
           f"dit --sp: {r.stdout} {r.stderr}")
+    r = subprocess.run([mpirun, "-n", "4", SDPA, "dit", "--steps", "1", "--sp", "ring",
+                        "--threads", "1", "--out", path("ditsp4")], capture_output=True, text=True,
+                       env=mpi_env, timeout=600)
+    m = re.search(r"PSNR (inf|[0-9.]+) dB", r.stdout)
+    check(r.returncode == 0 and m and (m[1] == "inf" or float(m[1]) > 60),
+          f"dit --sp ring on 4 ranks: the single-process image (PSNR > 60 dB): {r.stdout} {r.stderr}")
     r = subprocess.run([mpirun, "-n", "3", SDPA, "run", *base, "--sp", "ulysses", "--out",
                         path("sp3.npy")], capture_output=True, text=True, env=mpi_env, timeout=300)
     check(r.returncode != 0 and "degrees that work" in r.stderr and not os.path.exists(path("sp3.npy")),
