@@ -757,7 +757,9 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const int64_t D = d->D;
     const int is_short = short_keys(d);
     const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
-    job jb = {c, flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ), is_short ? 64 : 4),
+    job jb = {c,
+              flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ), is_short ? 64 : 4,
+                               is_short ? 2 : 4),
               NULL};
     const int qbs_kept = is_short ? 1 : jb.split.qb_per_task; /* resident query blocks */
     const int64_t heads = d->B * d->Hq / jb.split.group; /* row spaces */

@@ -369,7 +369,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     (void)self;
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
-    amx_job jb = {c, (d->D + 31) / 32 * 32, flash_split_make(d, BQ, threads, 0, 4), NULL,
+    amx_job jb = {c, (d->D + 31) / 32 * 32, flash_split_make(d, BQ, threads, 0, 4, 4), NULL,
                   (float)(c->scale * LOG2E)};
     const int64_t Dp = jb.Dp, heads = d->B * d->Hq;
     /* bytes per thread, each piece rounded to 64 for aligned tile rows */
