@@ -4,8 +4,8 @@
 usage: test_evidence.py RULES_FILE REPO_ROOT
 
 A rule that cites measurements names the raw file (`source
-bench/results/...`) and states each figure as a `claim` this script
-recomputes from that file:
+bench/results/...`: `sdpa bench` output, or bench/peers' peers.py output)
+and states each figure as a `claim` this script recomputes from that file:
 
   claim ratio A/B LO-HI ROWS...   median time of B / median time of A, the
                                   speed-up of A over B, over the rows selected
@@ -54,8 +54,48 @@ def rules(path):
     return out
 
 
+def peers_rows(path):
+    """bench/peers/peers.py output: {row: {contender: (median_ms, gflops)}}, shapes (from the
+    suite the header names: bench/shapes/NAME), {ceiling: GFLOP/s}. The dispatcher's arm
+    ("libsdpa (cpu.x)") is recorded as "libsdpa"."""
+    rows, shape, ceilings, suite = {}, {}, {}, None
+    for line in open(path):
+        m = re.match(r"# bench/peers/peers.py --suite (\S+)", line)
+        if m:
+            suite = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(path))),
+                                 "bench", "shapes", m[1])
+        m = re.match(r"# ceiling: fp32 FMA (\d+) GFLOP/s; VDPBF16PS (\d+) GFLOP/s", line)
+        if m:
+            ceilings["fp32"], ceilings["avx512-bf16"] = m[1], m[2]
+        if line.startswith("#") or line.startswith("row "):
+            continue
+        f = line.split()
+        if len(f) >= 8 and f[2] == "libsdpa":
+            f = f[:2] + ["libsdpa"] + f[4:]
+        if len(f) < 7 or f[2] == "choice":
+            continue
+        try:
+            med, gf = float(f[3]), float(f[4])
+        except ValueError:
+            continue
+        rows.setdefault(f[0], {})[f[2]] = (med, gf)
+    if suite and os.path.exists(suite):
+        for line in open(suite):
+            g = line.split("\t")
+            if line.startswith("#") or len(g) < 8 or g[0] not in rows:
+                continue
+            shape[g[0]] = dict(zip(("B", "Sq", "Skv", "Hq", "Hkv", "D"), map(int, g[1:7])))
+    for name in rows:
+        shape.setdefault(name, {"B": 0, "Sq": 0, "Skv": 0, "Hq": 0, "Hkv": 0, "D": 0})
+    return rows, shape, ceilings
+
+
 def bench_rows(path):
-    """{row: {backend: (median_ms, gflops)}}, {row: shape dict}, {ceiling: GFLOP/s}."""
+    """{row: {backend: (median_ms, gflops)}}, {row: shape dict}, {ceiling: GFLOP/s}; sdpa
+    bench's output, or bench/peers' (peers_rows)."""
+    with open(path) as f:
+        if f.readline().startswith("# bench/peers/peers.py"):
+            return peers_rows(path)
     rows, shape, ceilings = {}, {}, {}
     for line in open(path):
         m = re.match(r"# ceiling: (fp32 FMA|AVX512-BF16|AMX bf16) peak (\d+) GFLOP/s", line)
