@@ -120,6 +120,12 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *plan, sdpa_context *ctx, const
                                    const sdpa_tensor *k_joint, const sdpa_tensor *v_joint,
                                    sdpa_tensor *out, float *lse, const sdpa_params *params);
 
+/* 1 when the MPI library says it takes CUDA device buffers itself
+ * (Open MPI's MPIX_Query_cuda_support), else 0. This release stages device
+ * tensors through host memory either way (its packing is host code); the
+ * answer says whether a direct path could be used. */
+int sdpa_mpi_cuda_aware(void);
+
 /* The calling thread's message for the last failing sdpa_mpi_* call (""
  * after a success); the core's sdpa_last_error() is not touched. */
 const char *sdpa_mpi_last_error(void);

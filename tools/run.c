@@ -272,8 +272,10 @@ int cmd_run(int argc, char **argv)
             goto done;
         }
         if (root)
-            printf("sp %s over %d ranks (ulysses %d x ring %d)  dtype %s  %.3f ms\n",
-                   f[SP].value, sp.size, sp.ulysses, sp.ring, sdpa_dtype_name(dtype), s1 - s0);
+            printf("sp %s over %d ranks (ulysses %d x ring %d)  dtype %s  %.3f ms  "
+                   "CUDA-aware MPI: %s\n",
+                   f[SP].value, sp.size, sp.ulysses, sp.ring, sdpa_dtype_name(dtype), s1 - s0,
+                   sp_cuda_aware() ? "yes" : "no");
         rc = 0;
         goto done;
     }

@@ -128,6 +128,10 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
          * of a range are a block of n * Hq * D floats of out and, per head,
          * n floats of the LSE */
         int *counts = malloc(sizeof(int) * 2 * (size_t)s->size), *displs = counts + s->size;
+        /* the LSE only when rank 0 wants it: the ranks must agree on which
+         * gathers run (a root without a buffer would be written through NULL) */
+        int want_lse = lse != NULL;
+        MPI_Bcast(&want_lse, 1, MPI_INT, 0, MPI_COMM_WORLD);
         int64_t mf[2], mn[2];
         const int nr = sdpa_mpi_ranges(plan, -1, 0, mf, mn);
         for (int g = 0; g < nr; g++) {
@@ -143,7 +147,7 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
                             MPI_COMM_WORLD);
             for (int r = 0; r < s->size; r++)
                 counts[r] /= (int)(Hq * D), displs[r] /= (int)(Hq * D);
-            for (int64_t bh = 0; bh < B * Hq; bh++)
+            for (int64_t bh = 0; want_lse && bh < B * Hq; bh++)
                 MPI_Gatherv(ll + bh * qn + at, (int)mn[g], MPI_FLOAT, lse ? lse + bh * Sq : NULL,
                             counts, displs, MPI_FLOAT, 0, MPI_COMM_WORLD);
         }
@@ -331,3 +335,5 @@ void sp_end(sp_session *s)
     }
     s->active = 0;
 }
+
+int sp_cuda_aware(void) { return sdpa_mpi_cuda_aware(); }

@@ -55,4 +55,7 @@ sdpa_status sp_attention_all(sp_session *s, sdpa_context *ctx, const sdpa_tensor
 
 void sp_end(sp_session *s);
 
+/* Whether the MPI library takes CUDA device buffers (sdpa_mpi_cuda_aware). */
+int sp_cuda_aware(void);
+
 #endif

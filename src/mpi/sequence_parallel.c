@@ -43,6 +43,8 @@ static _Thread_local char last_error[512];
 
 const char *sdpa_mpi_last_error(void) { return last_error; }
 
+int sdpa_mpi_cuda_aware(void) { return sp_mpi_cuda_aware(); }
+
 static sdpa_status fail(sdpa_status st, const char *fmt, ...)
 {
     va_list ap;

@@ -744,6 +744,13 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
             fin = np.isfinite(l1)
             check(np.abs(o1 - o2).max() <= 1e-5 and np.array_equal(fin, np.isfinite(l2)) and
                   np.abs(l1[fin] - l2[fin]).max() <= 1e-5, f"--sp {sp}: differs from one process")
+    r = subprocess.run([mpirun, "-n", "2", SDPA, "run", *base, "--sp", "ring", "--out",
+                        path("sp3.npy")], capture_output=True, text=True, env=mpi_env, timeout=300)
+    check(r.returncode == 0 and os.path.exists(path("sp3.npy")) and
+          np.abs(np.load(path("sp3.npy")) - np.load(path("sp1.npy"))).max() <= 1e-5,
+          f"--sp ring without --lse: {r.stdout} {r.stderr}")
+    if os.path.exists(path("sp3.npy")):  # the refusal below must not find one
+        os.remove(path("sp3.npy"))
     r = subprocess.run([mpirun, "-n", "2", SDPA, "bench", "--sp", "usp:2x1", "--shape",
                         "1,64,64,4,2,32", "--reps", "2", "--threads", "1"], capture_output=True,
                        text=True, env=mpi_env, timeout=300)
