@@ -887,14 +887,8 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
         if (st != SDPA_OK)
             fail(st, "sdpa_mpi_forward: %s", why);
     }
-    if ((st = agree(p->comm, st, p->rank)) != SDPA_OK) { /* together, before any ring message */
-        free(gq.data), free(gk.data), free(gv.data);
-        free(cur), free(next), free(acc), free(tmp), free(lacc), free(ltmp);
-        sp_cuda_free(db.q), sp_cuda_free(db.k), sp_cuda_free(db.v), sp_cuda_free(db.o);
-        sp_cuda_free(db.lse), free(staged);
-        p->stats.total_ms = now_ms() - t_start;
-        return st;
-    }
+    if ((st = agree(p->comm, st, p->rank)) != SDPA_OK)
+        goto release; /* together, before any ring message */
     for (size_t i = 0; i < acc_n; i++)
         lacc[i] = -INFINITY; /* nothing seen yet */
     memcpy(cur, gk.data, row * (size_t)(s->B * gk.n * hk));
@@ -991,6 +985,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
             fail(st, "sdpa_mpi_forward: the result to the device: %s", why);
         st = agree(p->comm, st, p->rank);
     }
+release:
     free(gq.data), free(gk.data), free(gv.data);
     free(cur), free(next), free(acc), free(tmp), free(lacc), free(ltmp);
     sp_cuda_free(db.q), sp_cuda_free(db.k), sp_cuda_free(db.v), sp_cuda_free(db.o);
