@@ -168,11 +168,7 @@ static void gemm_rows(int qv, int rows, int K, const a_elem *a, ptrdiff_t rs, pt
         gemm_rows_qv(QV, rows, K, a, rs, cs, b, c, accumulate, mx);
 }
 
-/*
- * dst[c * ldd + r] = src[r * lds + c] for r < VL and c < nc (nc <= VL): a
- * VL x VL block of 32-bit words whose destination may have fewer than VL
- * rows (the last head-dim rows of Q^T when D is not a multiple of VL).
- */
+/* dst[c * ldd + r] = src[r * lds + c] for a VL x VL block of 32-bit words. */
 static inline void transpose_block(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds)
 {
     vec r[VL];
@@ -183,6 +179,8 @@ static inline void transpose_block(float *dst, ptrdiff_t ldd, const float *src, 
         V_STORE(dst + j * ldd, r[j]);
 }
 
+/* The same for a destination that may have fewer than VL rows (nc: the
+ * last head-dim rows of Q^T when D is not a multiple of VL). */
 static inline void transpose_to(float *dst, ptrdiff_t ldd, const float *src, ptrdiff_t lds,
                                 int64_t nc)
 {
@@ -388,19 +386,24 @@ static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg)
  * query from the scores' micro-kernel (unscaled like s), or NULL to find
  * it here (a masked tile: its max is of the masked scores).
  */
+/* The max of the v-th query vector's scores over the bk keys: from the
+ * micro-kernel (mx_in), or read from the tile (a masked one). */
+static inline vec tile_max(const float *st, int bk, int v, const vec *mx_in)
+{
+    if (mx_in)
+        return mx_in[v];
+    vec m = V_SET1(-INFINITY);
+    for (int j = 0; j < bk; j++)
+        m = V_MAX(m, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
+    return m;
+}
+
 static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D, int qv, const vec *mx_in,
                          float scale)
 {
     const vec sc = V_SET1(scale);
     for (int v = 0; v < qv; v++) {
-        vec tmax;
-        if (mx_in) {
-            tmax = mx_in[v];
-        } else {
-            tmax = V_SET1(-INFINITY);
-            for (int j = 0; j < bk; j++)
-                tmax = V_MAX(tmax, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
-        }
+        const vec tmax = tile_max(st, bk, v, mx_in);
         const vec old = V_LOAD(qb->m + v * VL);
         const vec mx = V_MAX(old, V_MUL(tmax, sc)); /* old second: NaN scores stay */
         /* A query that has seen no key yet keeps m = -inf; subtracting 0
@@ -656,15 +659,7 @@ static void softmax_full(float *st, int bk, const qblock *qb, int qv, const vec 
 {
     const vec sc = V_SET1(scale);
     for (int v = 0; v < qv; v++) {
-        vec mx;
-        if (mx_in) {
-            mx = mx_in[v];
-        } else {
-            mx = V_SET1(-INFINITY);
-            for (int j = 0; j < bk; j++)
-                mx = V_MAX(mx, V_LOAD(st + (ptrdiff_t)j * BQ + v * VL));
-        }
-        mx = V_MUL(mx, sc);
+        const vec mx = V_MUL(tile_max(st, bk, v, mx_in), sc);
         float mb[VL];
         V_STORE(qb->m + v * VL, mx);
         V_STORE(mb, mx);
