@@ -72,29 +72,28 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Spins up to SPIN_NS until *a != unwanted (acquire); returns whether it
- * changed. The clock is read every 64 pauses. */
-static int spin_u64(_Atomic uint64_t *a, uint64_t unwanted, _Atomic int *stop)
+/* What a spinner waits for (acquire loads, so what was written before the
+ * release that made it true is visible). */
+static int new_region(const sdpa_pool *p, uint64_t seen)
 {
-    const uint64_t t0 = now_ns();
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(a, memory_order_acquire) != unwanted ||
-                atomic_load_explicit(stop, memory_order_relaxed))
-                return 1;
-            CPU_RELAX();
-        }
-        if (now_ns() - t0 > SPIN_NS)
-            return 0;
-    }
+    return atomic_load_explicit(&p->published, memory_order_acquire) != seen ||
+           atomic_load_explicit(&p->stop, memory_order_relaxed);
 }
 
-static int spin_zero(_Atomic int *a)
+static int region_done(const sdpa_pool *p, uint64_t unused)
+{
+    (void)unused;
+    return atomic_load_explicit(&p->busy, memory_order_acquire) == 0;
+}
+
+/* Spins up to SPIN_NS until ready(p, arg); returns whether it became so.
+ * The clock is read every 64 pauses. */
+static int spin(const sdpa_pool *p, int (*ready)(const sdpa_pool *, uint64_t), uint64_t arg)
 {
     const uint64_t t0 = now_ns();
     for (;;) {
         for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(a, memory_order_acquire) == 0)
+            if (ready(p, arg))
                 return 1;
             CPU_RELAX();
         }
@@ -110,7 +109,7 @@ static void *worker_main(void *raw)
     sdpa_pool *p = wa.pool;
     uint64_t seen = 0;
     for (;;) {
-        if (!spin_u64(&p->published, seen, &p->stop)) {
+        if (!spin(p, new_region, seen)) {
             pthread_mutex_lock(&p->m);
             while (!atomic_load(&p->stop) && p->generation == seen)
                 pthread_cond_wait(&p->start, &p->m);
@@ -203,7 +202,7 @@ void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *ar
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->m);
     drain(p, 0);
-    if (!spin_zero(&p->busy)) {
+    if (!spin(p, region_done, 0)) {
         pthread_mutex_lock(&p->m);
         while (atomic_load_explicit(&p->busy, memory_order_acquire) > 0)
             pthread_cond_wait(&p->done, &p->m);
