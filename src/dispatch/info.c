@@ -40,6 +40,19 @@ static void probe_decision(sdpa_context *ctx, const char **backend, const char *
     }
 }
 
+/* The next line of *text into line (without its newline), advancing
+ * *text; 0 at the end. */
+static int next_line(const char **text, char *line, size_t n)
+{
+    if (!**text)
+        return 0;
+    const char *eol = strchr(*text, '\n');
+    const size_t len = eol ? (size_t)(eol - *text) : strlen(*text);
+    snprintf(line, n, "%.*s", (int)len, *text);
+    *text += len + (eol != NULL);
+    return 1;
+}
+
 static void dtypes_text(unsigned dtypes, char *buf, size_t n)
 {
     size_t len = 0;
@@ -70,12 +83,9 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
         sdpa__sb_printf(sb, "cuda      none: %s\n", p->cuda_why);
     /* one line per wisdom file looked at, or why there is none */
     const char *w = sdpa_context_wisdom(ctx);
-    for (int first = 1; *w; first = 0) {
-        const char *eol = strchr(w, '\n');
-        const int len = eol ? (int)(eol - w) : (int)strlen(w);
-        sdpa__sb_printf(sb, "%s%.*s\n", first ? "wisdom    " : "          ", len, w);
-        w += len + (eol != NULL);
-    }
+    char line[1024];
+    for (int first = 1; next_line(&w, line, sizeof line); first = 0)
+        sdpa__sb_printf(sb, "%s%s\n", first ? "wisdom    " : "          ", line);
     const char *backend, *source;
     char rule[64];
     probe_decision(ctx, &backend, &source, rule, sizeof rule, dec);
@@ -140,45 +150,32 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
         json_key(sb, "why", p->cuda_why, 1);
         sdpa__sb_printf(sb, "}");
     }
-    /* wisdom: {"in_force": [paths], "ignored": [{"path", "why"}], "note"} */
+    /* wisdom: {"in_force": [paths], "ignored": [{"path", "why"}], "note"}, from
+     * sdpa_context_wisdom's lines ("in force PATH", "ignored PATH: why", or
+     * one line saying why there is none) */
+    sdpa_strbuf ignored = {NULL, 0, 0, 0};
+    char line[1024], note[1024] = "";
+    int n_force = 0, n_ignored = 0;
     sdpa__sb_printf(sb, ",\"wisdom\":{\"in_force\":[");
-    char line[1024];
-    n = 0;
-    for (const char *w = sdpa_context_wisdom(ctx); *w;) {
-        const char *eol = strchr(w, '\n');
-        const size_t len = eol ? (size_t)(eol - w) : strlen(w);
-        snprintf(line, sizeof line, "%.*s", (int)len, w);
-        w += len + (eol != NULL);
-        if (strncmp(line, "in force ", 9) == 0) {
-            sdpa__sb_printf(sb, "%s", n++ ? "," : "");
-            sdpa__sb_json_string(sb, line + 9);
-        }
-    }
-    sdpa__sb_printf(sb, "],\"ignored\":[");
-    n = 0;
-    const char *note = NULL;
-    for (const char *w = sdpa_context_wisdom(ctx); *w;) {
-        const char *eol = strchr(w, '\n');
-        const size_t len = eol ? (size_t)(eol - w) : strlen(w);
-        snprintf(line, sizeof line, "%.*s", (int)len, w);
-        w += len + (eol != NULL);
+    for (const char *w = sdpa_context_wisdom(ctx); next_line(&w, line, sizeof line);) {
         char *colon = strstr(line, ": ");
-        if (strncmp(line, "ignored ", 8) == 0 && colon) {
+        if (strncmp(line, "in force ", 9) == 0) {
+            sdpa__sb_printf(sb, "%s", n_force++ ? "," : "");
+            sdpa__sb_json_string(sb, line + 9);
+        } else if (strncmp(line, "ignored ", 8) == 0 && colon) {
             *colon = '\0';
-            sdpa__sb_printf(sb, "%s{", n++ ? "," : "");
-            json_key(sb, "path", line + 8, 0);
-            json_key(sb, "why", colon + 2, 1);
-            sdpa__sb_printf(sb, "}");
-        } else if (strncmp(line, "in force ", 9) != 0) {
-            note = sdpa_context_wisdom(ctx); /* "none found ...", one line */
+            sdpa__sb_printf(&ignored, "%s{", n_ignored++ ? "," : "");
+            json_key(&ignored, "path", line + 8, 0);
+            json_key(&ignored, "why", colon + 2, 1);
+            sdpa__sb_printf(&ignored, "}");
+        } else {
+            snprintf(note, sizeof note, "%s", line);
         }
     }
-    sdpa__sb_printf(sb, "]");
-    if (note) {
-        snprintf(line, sizeof line, "%s", note);
-        line[strcspn(line, "\n")] = '\0';
-    }
-    json_key(sb, "note", note ? line : NULL, 1);
+    char *ig = sdpa__sb_take(&ignored);
+    sdpa__sb_printf(sb, "],\"ignored\":[%s]", ig ? ig : "");
+    free(ig);
+    json_key(sb, "note", note[0] ? note : NULL, 1);
     sdpa__sb_printf(sb, "}");
     const char *backend, *source;
     char rule[64];
