@@ -298,6 +298,11 @@ sdpa_status sdpa_platform_detect(sdpa_platform *out);
  *                                 portable | avx2 | avx512 | avx512bf16 | amx
  *                                 (avx512: fp32 only; avx512bf16 adds the
  *                                 BF16/FP16 extensions)
+ *   "cpu:features=avx2+avx512+avx512bf16+amx-bf16"
+ *                                 a described CPU with exactly these
+ *                                 features (names as `sdpa info` prints
+ *                                 them), whatever this machine has: for
+ *                                 explain; kernels run only where present
  *   "cuda:sm_100"                 an sm_100 GPU (cuDNN 9.19.0 assumed)
  *   "cuda:sm_90,cudnn=91001"      an sm_90 GPU with cuDNN 9.10.1
  * Unknown words are an INVALID_ARGUMENT error naming them.

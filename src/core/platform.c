@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "core.h"
+#include "cpu_features.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,9 +214,26 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
                                       "avx2, avx512, avx512bf16 or amx",
                                       spec, tok + 4);
                 p.cpu_features &= mask;
+            } else if (strncmp(tok, "features=", 9) == 0) {
+                /* A described CPU: exactly these features, whatever this
+                 * machine has, so explain shows what an AMX Xeon would run
+                 * from a laptop. Kernels still run only where present. */
+                char names[128];
+                const char *bad = "";
+                unsigned bits;
+                if (!sdpa__cpu_features_parse(tok + 9, "+", &bits, &bad))
+                    return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                      "platform '%s': feature '%s' unknown, expected a '+' list "
+                                      "of %s",
+                                      spec, bad, sdpa__cpu_features_expected(names, sizeof names));
+                p.cpu_features = p.cpu_features_present = bits;
+                p.amx_permitted = (bits & SDPA_CPU_AMX_BF16) != 0;
+                snprintf(p.cpu_model, sizeof p.cpu_model, "described CPU");
             } else {
                 return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                                  "platform '%s': '%s' unknown, expected isa=LEVEL", spec, tok);
+                                  "platform '%s': '%s' unknown, expected isa=LEVEL or "
+                                  "features=NAME+NAME...",
+                                  spec, tok);
             }
         }
     } else if (strcmp(buf, "cuda") == 0) {
@@ -252,7 +270,7 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
         snprintf(p.gpu_name, sizeof p.gpu_name, "simulated sm_%d%d", p.cc_major, p.cc_minor);
     } else {
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                          "platform '%s': expected cpu[:isa=LEVEL] or cuda:sm_XY[,cudnn=N]", spec);
+                          "platform '%s': expected cpu[:isa=LEVEL|features=LIST] or cuda:sm_XY[,cudnn=N]", spec);
     }
     *out = p;
     return SDPA_OK;

@@ -18,6 +18,7 @@
  * decision that machine would make.
  */
 #include "context.h"
+#include "../core/cpu_features.h"
 #include "../core/strbuf.h"
 
 #include <stdio.h>
@@ -273,20 +274,10 @@ static void platform_text(const sdpa_platform *p, const sdpa_call_desc *d, char 
             snprintf(buf, n, "cuda: none (%s)", p->cuda_why);
         return;
     }
-    static const struct {
-        unsigned bit;
-        const char *name;
-    } f[] = {{SDPA_CPU_AVX2, "avx2"},         {SDPA_CPU_AVX512F, "avx512"},
-             {SDPA_CPU_AVX512BF16, "avx512bf16"}, {SDPA_CPU_AVX512FP16, "avx512fp16"},
-             {SDPA_CPU_AMX_BF16, "amx"},      {SDPA_CPU_NEON, "neon"}};
-    size_t len = (size_t)snprintf(buf, n, "cpu %s [", p->cpu_model);
-    int any = 0;
-    for (size_t i = 0; i < sizeof f / sizeof *f && len < n; i++)
-        if (p->cpu_features & f[i].bit)
-            len += (size_t)snprintf(buf + len, n - len, "%s%s", any++ ? " " : "", f[i].name);
-    if (len < n)
-        snprintf(buf + len, n - len, "%s]%s", any ? "" : "portable only",
-                 p->simulated ? " (simulated)" : "");
+    char names[128];
+    sdpa__cpu_features_names(p->cpu_features, " ", names, sizeof names);
+    snprintf(buf, n, "cpu %s [%s]%s", p->cpu_model, names[0] ? names : "portable only",
+             p->simulated ? " (simulated)" : "");
 }
 
 static char *explain_text(const sdpa_context *ctx, const sdpa_call_desc *d,

@@ -6,18 +6,15 @@
  * the two never disagree.
  */
 #include "../core/core.h"
+#include "../core/cpu_features.h"
 #include "../core/strbuf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const struct {
-    unsigned bit;
-    const char *name;
-} features[] = {{SDPA_CPU_AVX2, "avx2+fma"},         {SDPA_CPU_AVX512F, "avx512"},
-                {SDPA_CPU_AVX512BF16, "avx512bf16"}, {SDPA_CPU_AVX512FP16, "avx512fp16"},
-                {SDPA_CPU_AMX_BF16, "amx-bf16"},     {SDPA_CPU_NEON, "neon"}};
+
+static const sdpa_cpu_feature *const features = sdpa__cpu_feature_table;
 
 static const char *amx_state(const sdpa_platform *p)
 {
@@ -68,12 +65,14 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     const sdpa_platform *p = sdpa_context_platform(ctx);
     sdpa__sb_printf(sb, "libsdpa %s\n", sdpa_version());
     sdpa__sb_printf(sb, "cpu       %s%s\n", p->cpu_model, p->simulated ? " (simulated platform)" : "");
-    sdpa__sb_printf(sb, "isa       ");
-    for (size_t i = 0; i < sizeof features / sizeof *features; i++)
+    sdpa__sb_printf(sb, "isa      ");
+    int any = 0;
+    for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
         if (p->cpu_features_present & features[i].bit)
-            sdpa__sb_printf(sb, "%s%s ", features[i].name,
-                            (p->cpu_features & features[i].bit) ? "" : "(unusable)");
-    sdpa__sb_printf(sb, "\namx       %s\n", amx_state(p));
+            any = 1, sdpa__sb_printf(sb, " %s%s", features[i].name,
+                                     (p->cpu_features & features[i].bit) ? "" : "(unusable)");
+    sdpa__sb_printf(sb, "%s\namx       %s\n", any ? "" : " none (portable code only)",
+                    amx_state(p));
     sdpa__sb_printf(sb, "threads   %d (of %d online CPUs)\n", sdpa_context_threads(ctx),
                     p->cpu_cores);
     if (p->cuda_present)
@@ -129,12 +128,12 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     json_key(sb, "model", p->cpu_model, 0);
     sdpa__sb_printf(sb, ",\"simulated\":%s,\"isa\":[", p->simulated ? "true" : "false");
     int n = 0;
-    for (size_t i = 0; i < sizeof features / sizeof *features; i++)
+    for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
         if (p->cpu_features & features[i].bit)
             sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[i].name);
     sdpa__sb_printf(sb, "],\"isa_unusable\":[");
     n = 0;
-    for (size_t i = 0; i < sizeof features / sizeof *features; i++)
+    for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
         if ((p->cpu_features_present & features[i].bit) && !(p->cpu_features & features[i].bit))
             sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[i].name);
     sdpa__sb_printf(sb, "]");

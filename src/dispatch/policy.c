@@ -18,6 +18,7 @@
  * compute capabilities as X.Y or X.x (any minor).
  */
 #include "policy.h"
+#include "../core/cpu_features.h"
 
 #include <errno.h>
 
@@ -29,38 +30,14 @@
 
 static const sdpa_range any_range = {INT64_MIN, INT64_MAX};
 
-static const struct {
-    const char *name;
-    unsigned bit;
-} isa_names[] = {{"avx2", SDPA_CPU_AVX2},         {"avx512", SDPA_CPU_AVX512F},
-                 {"avx512bf16", SDPA_CPU_AVX512BF16}, {"avx512fp16", SDPA_CPU_AVX512FP16},
-                 {"amx", SDPA_CPU_AMX_BF16},       {"neon", SDPA_CPU_NEON}};
-
 int sdpa__parse_isa_list(char *words, unsigned *out, const char **bad)
 {
-    *out = 0;
-    for (char *save = NULL, *w = strtok_r(words, " \t,", &save); w;
-         w = strtok_r(NULL, " \t,", &save)) {
-        size_t k = 0;
-        while (k < sizeof isa_names / sizeof *isa_names && strcmp(isa_names[k].name, w))
-            k++;
-        if (k == sizeof isa_names / sizeof *isa_names) {
-            *bad = w;
-            return 0;
-        }
-        *out |= isa_names[k].bit;
-    }
-    return 1;
+    return sdpa__cpu_features_parse(words, " \t,", out, bad);
 }
 
 void sdpa__isa_list(unsigned isa, char *buf, size_t n)
 {
-    buf[0] = '\0';
-    for (size_t k = 0; k < sizeof isa_names / sizeof *isa_names; k++)
-        if (isa & isa_names[k].bit) {
-            size_t len = strlen(buf);
-            snprintf(buf + len, n - len, "%s%s", len ? " " : "", isa_names[k].name);
-        }
+    sdpa__cpu_features_names(isa, " ", buf, n);
     if (!buf[0])
         sdpa__strlcpy(buf, "none", n);
 }
@@ -204,10 +181,10 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         for (int i = 0; i < n; i++) {
             unsigned bit;
             const char *bad;
+            char names[128];
             if (!sdpa__parse_isa_list(w[i], &bit, &bad))
-                return perr(ps, "isa '%s' unknown, expected avx2, avx512, avx512bf16, "
-                                "avx512fp16, amx or neon%s",
-                            bad, "");
+                return perr(ps, "isa '%s' unknown, expected %s", bad,
+                            sdpa__cpu_features_expected(names, sizeof names));
             r->isa |= bit;
         }
     } else if (strcmp(key, "dtype") == 0) {
@@ -333,8 +310,10 @@ static sdpa_status parse_require(const parser *ps, sdpa_policy *pol, char *value
         sdpa__strlcpy(pol->req_cpu_model, value, sizeof pol->req_cpu_model);
     } else if (strcmp(what, "cpu-isa") == 0) {
         const char *bad = "";
+        char names[128];
         if (strcmp(value, "none") != 0 && !sdpa__parse_isa_list(value, &pol->req_isa, &bad))
-            return perr(ps, "require cpu-isa: '%s' unknown%s", bad, "");
+            return perr(ps, "require cpu-isa: '%s' unknown, expected none or %s", bad,
+                        sdpa__cpu_features_expected(names, sizeof names));
         pol->has_req_isa = 1;
     } else {
         return perr(ps, "'require %s' unknown, expected libsdpa, cpu-model or cpu-isa%s", what,

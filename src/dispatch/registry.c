@@ -8,6 +8,7 @@
  * and explain says the same about it on every machine.
  */
 #include "../core/backend.h"
+#include "../core/cpu_features.h"
 #include "../cpu/amx/caps.h"
 #include "../cpu/avx2/caps.h"
 #include "../cpu/avx512/caps.h"
@@ -104,14 +105,6 @@ static void dtype_list(unsigned mask, char *buf, size_t n)
         }
 }
 
-static const struct {
-    unsigned bit;
-    const char *name;
-} cpu_feature_names[] = {
-    {SDPA_CPU_AVX2, "AVX2+FMA"},       {SDPA_CPU_AVX512F, "AVX-512"},
-    {SDPA_CPU_AVX512BF16, "AVX512-BF16"}, {SDPA_CPU_AVX512FP16, "AVX512-FP16"},
-    {SDPA_CPU_AMX_BF16, "AMX-BF16"},   {SDPA_CPU_NEON, "NEON"},
-};
 
 int sdpa__backend_present(const sdpa_backend *b, const sdpa_platform *host, char *why, size_t n)
 {
@@ -149,10 +142,11 @@ int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
     }
     unsigned missing = c->cpu_features & ~p->cpu_features;
     if (missing) {
-        for (size_t i = 0; i < sizeof cpu_feature_names / sizeof *cpu_feature_names; i++)
-            if (missing & cpu_feature_names[i].bit) {
-                sdpa__fmt(why, n, "needs %s, which this platform lacks%s", cpu_feature_names[i].name,
-                          (cpu_feature_names[i].bit == SDPA_CPU_AMX_BF16 &&
+        for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
+            if (missing & sdpa__cpu_feature_table[i].bit) {
+                sdpa__fmt(why, n, "needs %s, which this platform lacks%s",
+                          sdpa__cpu_feature_table[i].title,
+                          (sdpa__cpu_feature_table[i].bit == SDPA_CPU_AMX_BF16 &&
                            (p->cpu_features_present & SDPA_CPU_AMX_BF16))
                               ? " (AMX present but the OS refused permission)"
                               : "");
