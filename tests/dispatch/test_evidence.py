@@ -143,6 +143,9 @@ def verify(rule, origin, keys, root):
     sources = keys.get("source", [])
     claims = keys.get("claim", [])
     evidence = " ".join(keys.get("evidence", []))
+    # sdpa_decision.evidence holds 511 bytes: a longer note reaches explain cut
+    check(len(evidence.encode()) <= 511,
+          f"{origin} rule {rule}: evidence is {len(evidence.encode())} bytes, explain shows 511")
     if not sources:
         check(not claims, f"{origin} rule {rule}: claims without a source")
         check(not re.search(r"\d\.\d+x", evidence),

@@ -502,6 +502,43 @@ for shape in ("1,512,512,4,4,128", "2,300,77,8,2,64"):
     check(not set(d["candidates"]) & set(no_lse), f"cpu --lse lists a backend without LSE: {d}")
     d2 = explain("--shape", shape, "--lse", "--platform", "cpu:isa=avx2")
     check(not set(d2["candidates"]) & set(no_lse), f"cpu avx2 --lse: {d2}")
+# A described AMX Xeon (whatever this machine is): bf16 goes where the
+# Sapphire Rapids runs measured it fastest (rules cpu-amx-*), f32 as ever.
+spr = ["--platform", "cpu:features=avx2+avx512+avx512bf16+avx512fp16+amx-bf16"]
+for args, rule, first in (
+        (("--shape", "1,4096,4096,24,24,128", "--dtype", "bf16"), "cpu-amx-bf16", "cpu.avx512"),
+        (("--shape", "2,4096,77,10,10,64", "--dtype", "bf16"), "cpu-amx-bf16", "cpu.avx512"),
+        (("--shape", "1,384,384,2,2,64", "--dtype", "bf16", "--causal", "top-left"),
+         "cpu-amx-causal-bf16", "cpu.amx"),
+        (("--shape", "1,4096,4096,2,2,64", "--dtype", "bf16", "--causal", "top-left"),
+         "cpu-amx-bf16", "cpu.avx512"),
+        (("--shape", "1,8190,512,24,24,128", "--dtype", "bf16", "--mask", "seq_len"),
+         "cpu-amx-padded-bf16", "cpu.avx512"),
+        (("--shape", "1,1,1,1,1,32", "--dtype", "bf16"), "cpu-tiny-half", "cpu.avx2"),
+        (("--shape", "1,4096,4096,24,24,128", "--dtype", "f16"), "cpu-default", "cpu.avx512"),
+        (("--shape", "1,4096,4096,24,24,128"), "cpu-default", "cpu.avx512")):
+    d = explain(*spr, *args)
+    got = (d.get("rule") or {}).get("name")
+    check(got == rule and d["candidates"][:1] == [first],
+          f"described AMX CPU {args}: rule {got}, candidates {d['candidates']}, "
+          f"expected {rule} with {first} first")
+    i_amx = d["candidates"].index("cpu.amx") if "cpu.amx" in d["candidates"] else 99
+    i_dp = d["candidates"].index("cpu.avx512bf16") if "cpu.avx512bf16" in d["candidates"] else 99
+    check(rule == "cpu-amx-causal-bf16" or d["candidates"].index("cpu.avx512") < min(i_amx, i_dp),
+          f"described AMX CPU {args}: cpu.avx512 not ahead of the bf16-product kernels: "
+          f"{d['candidates']}")
+# Without AMX, AVX512-BF16 (Zen 4/5: VDPBF16PS twice the fp32 rate) keeps bf16.
+d = explain("--platform", "cpu:features=avx2+avx512+avx512bf16", "--shape",
+            "1,4096,4096,24,24,128", "--dtype", "bf16")
+check((d.get("rule") or {}).get("name") == "cpu-bf16" and
+      d["candidates"][:1] == ["cpu.avx512bf16"], f"described Zen 4: {d.get('rule')} {d['candidates']}")
+r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "cpu:features=avx2+sse9")
+check(r.returncode != 0 and "'sse9' unknown" in r.stderr and "amx-bf16" in r.stderr,
+      f"explain unknown feature: {r.stderr!r}")
+r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "cpu:features=avx2+avx512",
+         "--dtype", "bf16")
+check(r.returncode == 0 and "avx2 avx512] (simulated)" in r.stdout,
+      f"explain described CPU's platform line: {r.stdout!r}")
 r = sdpa("explain", "--shape", "1,2,3")
 check(r.returncode == 2 and "--shape" in r.stderr, f"explain bad shape: {r.stderr!r}")
 r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "tpu:v5")
