@@ -202,7 +202,7 @@ int cmd_bench(int argc, char **argv)
             sdpa_backend_info bi;
             if (sdpa_backend_get(ctx, i, &bi) == SDPA_OK && strcmp(bi.name, names[b]) == 0 &&
                 bi.product_bits == 8)
-                bceil[b] = strncmp(bi.name, "cpu.amx", 7) == 0 ? amx_ceiling : dpbf16_ceiling;
+                bceil[b] = (bi.cpu_features & SDPA_CPU_AMX_BF16) ? amx_ceiling : dpbf16_ceiling;
         }
     }
     /* In-run baselines for the ratio columns, when benchmarked. */

@@ -138,18 +138,31 @@ def main(argv=None):
     info = peers.info(T)
     ceil = max(L.peers_ceiling(b"fp32", T) for _ in range(3))
     bf16_ceil = max(L.peers_ceiling(b"avx512-bf16", T) for _ in range(3))
+    amx_ceil = max(L.peers_ceiling(b"amx-bf16", T) for _ in range(3))
     backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
                 and a.dtype in b["dtypes"] and b["name"] not in ("ref", "cpu.portable")]
-    bits = {b["name"]: b["product_bits"] for b in backends}
+    # Each contender's %peak is of the unit its products run on: AMX tiles
+    # (TDPBF16PS) for cpu.amx, VDPBF16PS for the other bf16-product backends,
+    # fp32 FMA for the rest. torch's and oneDNN's bf16 paths take AMX where
+    # the CPU has it (oneDNN brgemm), else VDPBF16PS where it has that.
+    unit = {b["name"]: ("amx-bf16" if "amx-bf16" in b.get("cpu_features", [])
+                        else "avx512-bf16" if b["product_bits"] == 8 else "fp32")
+            for b in backends}
+    peer_bf16_unit = ("amx-bf16" if amx_ceil > 0 else "avx512-bf16" if bf16_ceil > 0
+                      else "fp32")
+    ceilings = {"fp32": ceil, "avx512-bf16": bf16_ceil, "amx-bf16": amx_ceil}
     print(f"# bench/peers/peers.py --suite {pathlib.Path(a.suite).name} --dtype {a.dtype} "
           f"--reps {a.reps} --max-gflop {a.max_gflop:g}, {datetime.date.today()}")
     print(f"# CPU {cpu_model()} ({info['cpu']['model']}), {T} threads; libsdpa {info['version']}, "
           f"torch {torch.__version__}, oneDNN {L.peers_dnnl_version().decode()}, "
           f"OpenBLAS {L.peers_openblas_config().decode()}")
     print(f"# ceiling: fp32 FMA {ceil:.0f} GFLOP/s; VDPBF16PS "
-          + (f"{bf16_ceil:.0f} GFLOP/s" if bf16_ceil > 0 else "none")
-          + " (libsdpa probes, best of 3, this run); %peak of bf16-product backends (and of "
-          "the bf16 peers) is of VDPBF16PS, of the others fp32 FMA")
+          + (f"{bf16_ceil:.0f} GFLOP/s" if bf16_ceil > 0 else "none") + "; TDPBF16PS "
+          + (f"{amx_ceil:.0f} GFLOP/s" if amx_ceil > 0 else "none")
+          + " (libsdpa probes, best of 3, this run); %peak of cpu.amx is of TDPBF16PS, of the "
+          "other bf16-product backends of VDPBF16PS, of the bf16 peers of "
+          + {"amx-bf16": "TDPBF16PS", "avx512-bf16": "VDPBF16PS", "fp32": "fp32 FMA"}[
+              peer_bf16_unit] + ", of the rest fp32 FMA")
     print("# heads cut to keep a call <= %g GFLOP (Hq/Hkv kept); padded rows run unpadded; "
           "torch timed from Python, the rest in C" % a.max_gflop)
     print(f"{'row':22} {'Hq':>3} {'contender':24} {'median_ms':>10} {'GFLOP/s':>8} {'%peak':>6} "
@@ -226,11 +239,9 @@ def main(argv=None):
             if not err <= tol:
                 bad.add(n)
             gf = flops / (med[n] * 1e6)
-            # bf16 peers may run bf16 products (oneDNN does, on VDPBF16PS): their %peak is
-            # of that ceiling; libsdpa's backends say which products they run
-            b16 = bits.get(chosen if n == "libsdpa" else n, 8 if n in ("torch", "onednn") and bf16
-                           else 0) == 8
-            pk = bf16_ceil if b16 and bf16_ceil > 0 else ceil
+            u = unit.get(chosen if n == "libsdpa" else n,
+                         peer_bf16_unit if n in ("torch", "onednn") and bf16 else "fp32")
+            pk = ceilings[u] if ceilings[u] > 0 else ceil
             label = f"libsdpa ({chosen})" if n == "libsdpa" else n
             print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} {100 * gf / pk:5.1f}% "
                   f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))

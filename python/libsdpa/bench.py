@@ -67,10 +67,13 @@ def bench_suite(args):
     # a ceiling is a maximum: the best of three probes, so that one
     # disturbed probe does not inflate every %peak of the run
     ceil, isa = max(libsdpa.measure_ceiling("fp32") for _ in range(3))
-    try:
-        bf16_ceil = max(libsdpa.measure_ceiling("avx512-bf16")[0] for _ in range(3))
-    except libsdpa.NotAvailableError:
-        bf16_ceil = 0.0
+    def best_ceiling(what):
+        try:
+            return max(libsdpa.measure_ceiling(what)[0] for _ in range(3))
+        except libsdpa.NotAvailableError:
+            return 0.0
+
+    bf16_ceil, amx_ceil = best_ceiling("avx512-bf16"), best_ceiling("amx-bf16")
     info = libsdpa.info()
     backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
                 and b["name"] != "ref" and args.dtype in b["dtypes"]]
@@ -79,7 +82,12 @@ def bench_suite(args):
           f"{torch.get_num_threads()} threads, {datetime.date.today()}")
     print(f"# ceiling: fp32 FMA {ceil:.0f} GFLOP/s ({isa} probe, best of 3, this run)" +
           (f"; VDPBF16PS {bf16_ceil:.0f} GFLOP/s (the %peak of bf16-product backends)"
-           if bf16_ceil else ""))
+           if bf16_ceil else "") +
+          (f"; TDPBF16PS {amx_ceil:.0f} GFLOP/s (the %peak of cpu.amx)" if amx_ceil else ""))
+    # the ceiling of the unit a backend's products run on
+    peak_of = {b["name"]: (amx_ceil if "amx-bf16" in b.get("cpu_features", []) else
+                           bf16_ceil if b["product_bits"] == 8 else 0.0) or ceil
+               for b in backends}
     print(f"{'row':22} {'arm':18} {'median_ms':>10} {'GFLOP/s':>9} {'%peak':>6} {'x torch':>8}")
     for name, B, Sq, Skv, Hq, Hkv, D, causal, pad in rows:
         q = torch.rand(B, Sq, Hq, D).mul(2).sub(1).to(dtype)
@@ -104,8 +112,7 @@ def bench_suite(args):
             med = median_times(arms, args.reps)
         flops = 4.0 * B * Hq * Sq * (pad or Skv) * D / (2 if causal and Sq == Skv else 1)
         for arm, ms in med.items():
-            bits = next((b["product_bits"] for b in backends if b["name"] in arm), 0)
-            peak = bf16_ceil if bits == 8 and bf16_ceil else ceil
+            peak = peak_of.get(chosen if arm.startswith("libsdpa (") else arm, ceil)
             gf = flops / (ms * 1e6)
             print(f"{name:22} {arm:18} {ms:10.3f} {gf:9.1f} {100 * gf / peak:5.1f}% "
                   f"{med['torch sdpa'] / ms:8.2f}")

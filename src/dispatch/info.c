@@ -197,6 +197,11 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
         for (int t = 0; t < SDPA_DTYPE_COUNT; t++)
             if (b.dtypes & (1u << t))
                 sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", sdpa_dtype_name((sdpa_dtype)t));
+        sdpa__sb_printf(sb, "],\"cpu_features\":[");
+        n = 0;
+        for (size_t k = 0; k < sdpa__cpu_feature_count; k++)
+            if (b.cpu_features & features[k].bit)
+                sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[k].name);
         sdpa__sb_printf(sb, "],\"masks\":[");
         static const unsigned kinds[] = {SDPA_MASK_KIND_SEQ_LEN, SDPA_MASK_KIND_KEY,
                                          SDPA_MASK_KIND_GENERAL};

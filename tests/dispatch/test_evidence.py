@@ -64,9 +64,12 @@ def peers_rows(path):
         if m:
             suite = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(path))),
                                  "bench", "shapes", m[1])
-        m = re.match(r"# ceiling: fp32 FMA (\d+) GFLOP/s; VDPBF16PS (\d+) GFLOP/s", line)
+        m = re.match(r"# ceiling: fp32 FMA (\d+) GFLOP/s; VDPBF16PS (\d+|none)(?: GFLOP/s)?"
+                     r"(?:; TDPBF16PS (\d+|none))?", line)
         if m:
-            ceilings["fp32"], ceilings["avx512-bf16"] = m[1], m[2]
+            for what, v in (("fp32", m[1]), ("avx512-bf16", m[2]), ("amx-bf16", m[3])):
+                if v and v != "none":
+                    ceilings[what] = v
         if line.startswith("#") or line.startswith("row "):
             continue
         f = line.split()
