@@ -54,23 +54,17 @@ struct sdpa_backend {
     sdpa_status (*run)(const sdpa_backend *self, const sdpa_call *call);
     sdpa_status (*prepare)(const sdpa_backend *self, const sdpa_call *call); /* NULL: none */
     void *state; /* for backends made at run time (tests' scripted ones) */
+    /* NULL when the kernel is in this build; else why not ("OpenBLAS was
+     * not found at build time"): the descriptor stays, never present. */
+    const char *not_built;
 };
 
 #define SDPA_DTYPE_BIT(t) (1u << (t))
 
-/* The backends compiled into the core, in registry order. */
+/* The float64 oracle, which tests' scripted backends wrap. */
 extern const sdpa_backend sdpa__backend_ref;
-extern const sdpa_backend sdpa__backend_cpu_portable;
-extern const sdpa_backend sdpa__backend_cpu_avx512;
-extern const sdpa_backend sdpa__backend_cpu_avx2;
-extern const sdpa_backend sdpa__backend_cpu_amx;
-extern const sdpa_backend sdpa__backend_cpu_avx512bf16;
-extern const sdpa_backend sdpa__backend_cpu_blas;
-extern const sdpa_backend sdpa__backend_cuda_cudnn;
-extern const sdpa_backend sdpa__backend_cuda_flash;
-extern const sdpa_backend sdpa__backend_cuda_unfused;
 
-/* The built-in table (NULL-terminated). */
+/* The built-in table (NULL-terminated), src/dispatch/registry.c. */
 extern const sdpa_backend *const sdpa__builtin_backends[];
 
 /*

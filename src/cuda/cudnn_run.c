@@ -258,7 +258,7 @@ static sdpa_status plan_for_call(const sdpa_cuda_call *c, plan_entry **e)
     if (c->lse && (uintptr_t)c->lse % 16 != 0)
         return sdpa_cuda__host->fail(SDPA_UNSUPPORTED, "cuda.cudnn: lse is not 16-byte aligned");
     /* Bottom-right causal with Sq > Skv is refused by the declared
-     * check (declared.c), so explain and the dispatcher know it. */
+     * check (src/dispatch/cuda_declared.c), so explain and the dispatcher know it. */
     const int device = c->q->device.ordinal;
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)

@@ -42,7 +42,7 @@ typedef struct sdpa_cuda_call {
 
 /*
  * A kernel the plugin implements for one of the CUDA backends the core
- * declares (src/cuda/declared.c): the core keeps their capabilities and
+ * declares (src/dispatch/cuda_declared.c): the core keeps their capabilities and
  * checks, and takes only run (and warm-up) from here. UNSUPPORTED from
  * run means "this exact call, after all" and latches the backend off for
  * the calling layer; OUT_OF_MEMORY and DEVICE_ERROR reach the caller.

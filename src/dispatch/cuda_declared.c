@@ -1,5 +1,5 @@
 /*
- * declared.c - the CUDA backends as the core knows them, with or without
+ * cuda_declared.c - the CUDA backends as the core knows them, with or without
  * the plugin: their capabilities and refusals, stated once, here. The
  * core is built with this file (never with CUDA): the policy names these
  * backends and `sdpa explain --platform cuda:sm_100` shows what such a

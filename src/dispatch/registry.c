@@ -2,98 +2,28 @@
  * registry.c - the built-in backend table and the one acceptance check all
  * backends share.
  *
- * Every backend states its capabilities once, in its own folder (a
- * caps.h, or declared.c for the CUDA ones): builds that leave a kernel
- * out list it here under the same capabilities, so that rules can name it
- * and explain says the same about it on every machine.
+ * Every backend is one descriptor in its own folder (src/cpu/NAME/backend.c,
+ * src/ref/ref.c, src/dispatch/cuda_declared.c for the CUDA ones), built in
+ * every configuration: a kernel left out of a build keeps its descriptor,
+ * never present, so rules can name it and explain says the same about it on
+ * every machine. Adding a backend is one row here.
  */
 #include "../core/backend.h"
 #include "../core/cpu_features.h"
-#include "../cpu/amx/caps.h"
-#include "../cpu/avx2/caps.h"
-#include "../cpu/avx512/caps.h"
-#include "../cpu/avx512bf16/caps.h"
-#include "../cpu/blas/caps.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#ifndef SDPA_HAVE_X86_KERNELS
-/* Not x86-64: the ISA backends are known by name (rules mention them) but
- * never present. */
-static int x86_absent(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
-{
-    (void)self, (void)host;
-    sdpa__strlcpy(why, "not built: x86-64 kernels, this build is for another architecture", n);
-    return 0;
-}
+/* In registry order: the order `sdpa info` lists them in. */
+#define SDPA_BUILTIN_BACKENDS(X)                                                               \
+    X(ref) X(cpu_portable) X(cpu_amx) X(cpu_avx512bf16) X(cpu_avx512) X(cpu_avx2) X(cpu_blas)  \
+    X(cuda_cudnn) X(cuda_flash) X(cuda_unfused)
 
-static sdpa_status x86_absent_run(const sdpa_backend *self, const sdpa_call *call)
-{
-    (void)call;
-    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not built for this architecture", self->name);
-}
-
-const sdpa_backend sdpa__backend_cpu_avx512 = {
-    .name = "cpu.avx512", .summary = "AVX-512 fp32 tiled kernel (x86-64 only)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AVX512_CAPS,
-    .version = "absent", .present = x86_absent, .run = x86_absent_run,
-};
-
-const sdpa_backend sdpa__backend_cpu_avx2 = {
-    .name = "cpu.avx2", .summary = "AVX2 fp32 tiled kernel (x86-64 only)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AVX2_CAPS,
-    .version = "absent", .present = x86_absent, .run = x86_absent_run,
-};
-
-const sdpa_backend sdpa__backend_cpu_amx = {
-    .name = "cpu.amx", .summary = "AMX-BF16 tiled kernel (x86-64 only)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AMX_CAPS,
-    .version = "absent", .present = x86_absent, .run = x86_absent_run,
-};
-
-const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
-    .name = "cpu.avx512bf16", .summary = "AVX512-BF16 tiled kernel (x86-64 only)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AVX512BF16_CAPS,
-    .version = "absent", .present = x86_absent, .run = x86_absent_run,
-};
-#endif
-
-#ifndef SDPA_HAVE_OPENBLAS
-static int blas_absent(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
-{
-    (void)self, (void)host;
-    sdpa__strlcpy(why, "not built: OpenBLAS (cblas.h, libopenblas) was not found at build time",
-                  n);
-    return 0;
-}
-
-static sdpa_status blas_absent_run(const sdpa_backend *self, const sdpa_call *call)
-{
-    (void)call;
-    return sdpa__fail(SDPA_NOT_AVAILABLE, "%s: not built (no OpenBLAS at build time)",
-                      self->name);
-}
-
-const sdpa_backend sdpa__backend_cpu_blas = {
-    .name = "cpu.blas", .summary = "unfused OpenBLAS baseline (not built)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_BLAS_CAPS,
-    .version = "absent", .present = blas_absent, .run = blas_absent_run,
-};
-#endif
-
-const sdpa_backend *const sdpa__builtin_backends[] = {
-    &sdpa__backend_ref,        &sdpa__backend_cpu_portable, &sdpa__backend_cpu_amx,
-    &sdpa__backend_cpu_avx512bf16, &sdpa__backend_cpu_avx512, &sdpa__backend_cpu_avx2,
-    &sdpa__backend_cpu_blas,
-    &sdpa__backend_cuda_cudnn, &sdpa__backend_cuda_flash,  &sdpa__backend_cuda_unfused,
-    NULL,
-};
+#define SDPA_DECLARE_BACKEND(id) extern const sdpa_backend sdpa__backend_##id;
+SDPA_BUILTIN_BACKENDS(SDPA_DECLARE_BACKEND)
+#define SDPA_LIST_BACKEND(id) &sdpa__backend_##id,
+const sdpa_backend *const sdpa__builtin_backends[] = {SDPA_BUILTIN_BACKENDS(SDPA_LIST_BACKEND)
+                                                          NULL};
 
 static void dtype_list(unsigned mask, char *buf, size_t n)
 {

@@ -12,6 +12,9 @@
  *
  * usage: test_grid [backend ...]   (default: every present backend but ref)
  */
+#ifdef SDPA_TEST_AMX_EMULATED
+#include "amx_emulated.h"
+#endif
 #include "support/testlib.h"
 #include "dispatch/context.h"
 
@@ -390,9 +393,8 @@ int main(int argc, char **argv)
     }
     self_test();
 #ifdef SDPA_TEST_AMX_EMULATED
-    extern const sdpa_backend sdpa__backend_cpu_amx_emulated;
-    if (sdpa__ctx_add_backend(ctx1, &sdpa__backend_cpu_amx_emulated) != SDPA_OK ||
-        sdpa__ctx_add_backend(ctx2, &sdpa__backend_cpu_amx_emulated) != SDPA_OK) {
+    if (sdpa__ctx_add_backend(ctx1, sdpa__cpu_amx_emulated()) != SDPA_OK ||
+        sdpa__ctx_add_backend(ctx2, sdpa__cpu_amx_emulated()) != SDPA_OK) {
         printf("cannot add cpu.amx-emulated: %s\n", sdpa_last_error());
         return 1;
     }

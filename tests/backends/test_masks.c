@@ -17,6 +17,9 @@
  * cpu.amx's kernel runs here on emulated tiles as in test_grid. Bad masks
  * get INVALID_ARGUMENT naming the argument.
  */
+#ifdef SDPA_TEST_AMX_EMULATED
+#include "amx_emulated.h"
+#endif
 #include "support/testlib.h"
 #include "core/core.h"
 #include "core/half.h"
@@ -388,8 +391,7 @@ int main(void)
     tl_seed_from_env();
     ctx = tl_context(NULL);
 #ifdef SDPA_TEST_AMX_EMULATED
-    extern const sdpa_backend sdpa__backend_cpu_amx_emulated;
-    if (sdpa__ctx_add_backend(ctx, &sdpa__backend_cpu_amx_emulated) != SDPA_OK) {
+    if (sdpa__ctx_add_backend(ctx, sdpa__cpu_amx_emulated()) != SDPA_OK) {
         printf("cannot add cpu.amx-emulated: %s\n", sdpa_last_error());
         return 1;
     }

@@ -42,10 +42,9 @@
  * goes back to the pool does not carry 8 KiB of tile state.
  *
  * This file is compiled twice: with the instructions for the library
- * (AMX_BACKEND_SYMBOL = sdpa__backend_cpu_amx) and with SDPA_AMX_EMULATE
- * for the tests (see amx_tiles.h).
+ * (AMX_RUN_SYMBOL = sdpa__cpu_amx_run, reached from backend.c) and with
+ * SDPA_AMX_EMULATE for the tests (amx_tiles.h, tests/backends/amx_emulated.c).
  */
-#include "caps.h"
 #include "amx_tiles.h"
 
 #include "../../core/convert.h"
@@ -57,9 +56,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#ifndef AMX_BACKEND_SYMBOL
-#define AMX_BACKEND_SYMBOL sdpa__backend_cpu_amx
-#define AMX_BACKEND_NAME "cpu.amx"
+#ifndef AMX_RUN_SYMBOL
+#define AMX_RUN_SYMBOL sdpa__cpu_amx_run
 #endif
 
 #define BQ 32
@@ -384,7 +382,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     char *mem = sdpa__scratch(tiles + descs + n_qbs * sizeof(amx_qblock));
     if (!mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
-                          AMX_BACKEND_NAME, tiles + descs + n_qbs * sizeof(amx_qblock));
+                          self->name, tiles + descs + n_qbs * sizeof(amx_qblock));
     jb.ws = (amx_workspace *)(mem + tiles);
     amx_qblock *qbs = (amx_qblock *)(mem + tiles + descs);
     for (int t = 0; t < threads; t++) {
@@ -411,20 +409,15 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     return SDPA_OK;
 }
 
-#ifdef SDPA_AMX_EMULATE
-static int amx_present(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
+/* The descriptor (backend.c, or the tests' emulated one) reaches the kernel
+ * through this. */
+sdpa_status AMX_RUN_SYMBOL(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status AMX_RUN_SYMBOL(const sdpa_backend *self, const sdpa_call *call)
 {
-    (void)self;
-    const unsigned need = SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16;
-    if ((host->cpu_features & need) == need)
-        return 1;
-    sdpa__strlcpy(why, "not usable here: the emulated tiles still need AVX-512 and AVX512-BF16 "
-                       "for the softmax", n);
-    return 0;
+    return amx_run(self, call);
 }
-#define AMX_FEATURES (SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16)
-#define AMX_SUMMARY "cpu.amx's kernel on emulated tiles (tests only)"
-#else
+
+#ifndef SDPA_AMX_EMULATE
 /*
  * The first use on a machine checks one tile product against the scalar
  * definition: the kernel above has been run on emulated tiles by the tests,
@@ -462,46 +455,11 @@ static void amx_selftest(void)
     amx_selftest_ok = ok;
 }
 
-static int amx_present(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
+/* Runs the self-test once per process (call only where AMX is usable). */
+int sdpa__cpu_amx_selftest(void);
+int sdpa__cpu_amx_selftest(void)
 {
-    (void)self;
-    if (!(host->cpu_features & SDPA_CPU_AMX_BF16)) {
-        sdpa__strlcpy(why,
-                      (host->cpu_features_present & SDPA_CPU_AMX_BF16)
-                          ? "not usable here: AMX present but the OS refused the tile "
-                            "permission (or SDPA_MAX_ISA caps it)"
-                          : "not usable here: this CPU has no AMX-BF16",
-                      n);
-        return 0;
-    }
-    if ((host->cpu_features & (SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16)) !=
-        (SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16)) {
-        sdpa__strlcpy(why, "not usable here: AMX without AVX512-BF16 for the softmax", n);
-        return 0;
-    }
     pthread_once(&amx_selftest_once, amx_selftest);
-    if (!amx_selftest_ok) {
-        sdpa__strlcpy(why, "not usable here: the AMX self-test (one TDPBF16PS tile against its "
-                           "definition) failed", n);
-        return 0;
-    }
-    return 1;
+    return amx_selftest_ok;
 }
-#define AMX_FEATURES (SDPA_CPU_AMX_BF16 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16)
-#define AMX_SUMMARY "flash attention on AMX tiles, bf16 products, fp32 softmax (32 x 128 blocks)"
 #endif
-
-const sdpa_backend AMX_BACKEND_SYMBOL = {
-    .name = AMX_BACKEND_NAME,
-    .summary = AMX_SUMMARY,
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AMX_CAPS_WITH(AMX_FEATURES),
-#ifdef SDPA_AMX_EMULATE
-    .fallback_rank = 0,
-#else
-    .fallback_rank = 40,
-#endif
-    .version = SDPA_VERSION_STRING,
-    .present = amx_present,
-    .run = amx_run,
-};

@@ -79,29 +79,11 @@ static inline void transpose8(__m256 r[8])
     }
 }
 
-#include "caps.h"
 #include "../flash_tiled.h"
 
-static int avx2_present(const sdpa_backend *self, const sdpa_platform *host, char *why, size_t n)
+/* The descriptor (backend.c) reaches the kernel through this. */
+sdpa_status sdpa__cpu_avx2_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_avx2_run(const sdpa_backend *self, const sdpa_call *call)
 {
-    (void)self;
-    if (host->cpu_features & SDPA_CPU_AVX2)
-        return 1;
-    sdpa__strlcpy(why,
-                  (host->cpu_features_present & SDPA_CPU_AVX2)
-                      ? "not usable here: AVX2 disabled (OS support or SDPA_MAX_ISA)"
-                      : "not usable here: this CPU has no AVX2/FMA",
-                  n);
-    return 0;
+    return tiled_run(self, call);
 }
-
-const sdpa_backend sdpa__backend_cpu_avx2 = {
-    .name = "cpu.avx2",
-    .summary = "tiled flash attention, AVX2+FMA fp32 micro-kernels (4 x 24)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AVX2_CAPS,
-    .fallback_rank = 20,
-    .version = SDPA_VERSION_STRING,
-    .present = avx2_present,
-    .run = tiled_run,
-};

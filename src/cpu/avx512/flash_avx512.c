@@ -9,7 +9,6 @@
  *
  * Vectors and exp: vec_avx512.h.
  */
-#include "caps.h"
 #include "vec_avx512.h"
 
 #define QV 3
@@ -18,27 +17,9 @@
 
 #include "../flash_tiled.h"
 
-static int avx512_present(const sdpa_backend *self, const sdpa_platform *host, char *why,
-                          size_t n)
+/* The descriptor (backend.c) reaches the kernel through this. */
+sdpa_status sdpa__cpu_avx512_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_avx512_run(const sdpa_backend *self, const sdpa_call *call)
 {
-    (void)self;
-    if (host->cpu_features & SDPA_CPU_AVX512F)
-        return 1;
-    sdpa__strlcpy(why,
-                  (host->cpu_features_present & SDPA_CPU_AVX512F)
-                      ? "not usable here: AVX-512 disabled (OS support or SDPA_MAX_ISA)"
-                      : "not usable here: this CPU has no AVX-512",
-                  n);
-    return 0;
+    return tiled_run(self, call);
 }
-
-const sdpa_backend sdpa__backend_cpu_avx512 = {
-    .name = "cpu.avx512",
-    .summary = "tiled flash attention, AVX-512 fp32 micro-kernels (8 x 48)",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AVX512_CAPS,
-    .fallback_rank = 30,
-    .version = SDPA_VERSION_STRING,
-    .present = avx512_present,
-    .run = tiled_run,
-};

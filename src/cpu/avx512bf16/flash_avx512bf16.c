@@ -13,7 +13,6 @@
  * For CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later, Intel Cooper
  * Lake); where AMX is usable, cpu.amx comes first.
  */
-#include "caps.h"
 #include "../avx512/vec_avx512.h"
 
 #include <stdint.h>
@@ -44,28 +43,9 @@ static inline __m512i pair_order(void)
 
 #include "../flash_tiled.h"
 
-static int avx512bf16_present(const sdpa_backend *self, const sdpa_platform *host, char *why,
-                              size_t n)
+/* The descriptor (backend.c) reaches the kernel through this. */
+sdpa_status sdpa__cpu_avx512bf16_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_avx512bf16_run(const sdpa_backend *self, const sdpa_call *call)
 {
-    (void)self;
-    const unsigned need = SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16;
-    if ((host->cpu_features & need) == need)
-        return 1;
-    sdpa__strlcpy(why,
-                  (host->cpu_features_present & need) == need
-                      ? "not usable here: AVX-512 disabled (OS support or SDPA_MAX_ISA)"
-                      : "not usable here: this CPU has no AVX512-BF16",
-                  n);
-    return 0;
+    return tiled_run(self, call);
 }
-
-const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
-    .name = "cpu.avx512bf16",
-    .summary = "tiled flash attention, VDPBF16PS bf16-pair micro-kernels (8 x 48), fp32 softmax",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_AVX512BF16_CAPS,
-    .fallback_rank = 35,
-    .version = SDPA_VERSION_STRING,
-    .present = avx512bf16_present,
-    .run = tiled_run,
-};

@@ -24,7 +24,6 @@
  * a process that runs cpu.blas pays for (and risks) those threads.
  */
 #define _GNU_SOURCE /* dlfcn */
-#include "caps.h"
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../exp_portable.h"
@@ -229,12 +228,9 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     return SDPA_OK;
 }
 
-const sdpa_backend sdpa__backend_cpu_blas = {
-    .name = "cpu.blas",
-    .summary = "unfused baseline: OpenBLAS sgemm, softmax, sgemm in 256-row blocks",
-    .device = SDPA_DEVICE_CPU,
-    .caps = SDPA_CPU_BLAS_CAPS,
-    .fallback_rank = 0, /* a baseline: only rules or explicit choices name it */
-    .version = "openblas",
-    .run = blas_run,
-};
+/* The descriptor (backend.c) reaches the kernel through this. */
+sdpa_status sdpa__cpu_blas_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_blas_run(const sdpa_backend *self, const sdpa_call *call)
+{
+    return blas_run(self, call);
+}

@@ -1,0 +1,25 @@
+/*
+ * backend.c - cpu.avx2's descriptor: what it runs, stated once, and how the
+ * dispatcher reaches the kernel (flash_avx2.c, built with -mavx2 -mfma).
+ * Compiled without ISA flags, on every architecture.
+ */
+#include "../cpu_backend.h"
+
+sdpa_status sdpa__cpu_avx2_run(const sdpa_backend *self, const sdpa_call *call);
+
+const sdpa_backend sdpa__backend_cpu_avx2 = {
+    .name = "cpu.avx2",
+    .summary = "tiled flash attention, AVX2+FMA fp32 micro-kernels (4 x 24)",
+    .device = SDPA_DEVICE_CPU,
+    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
+                       SDPA_DTYPE_BIT(SDPA_BF16),
+             .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
+             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
+             .cpu_features = SDPA_CPU_AVX2,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL},
+    .fallback_rank = 20,
+    .version = SDPA_X86_VERSION,
+    .present = sdpa__cpu_backend_present,
+    .run = SDPA_X86_KERNEL(sdpa__cpu_avx2_run),
+    .not_built = SDPA_X86_NOT_BUILT,
+};

@@ -1,0 +1,10 @@
+/* amx_emulated.h - the test build of cpu.amx on emulated tiles (amx_emulated.c). */
+#ifndef SDPA_TEST_AMX_EMULATED_H
+#define SDPA_TEST_AMX_EMULATED_H
+
+#include "core/backend.h"
+
+/* The descriptor "cpu.amx-emulated", made on first use. */
+const sdpa_backend *sdpa__cpu_amx_emulated(void);
+
+#endif
