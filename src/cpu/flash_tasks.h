@@ -18,6 +18,7 @@
 #define SDPA_FLASH_TASKS_H
 
 #include "../core/core.h"
+#include "../core/causal.h"
 #include "mask_row.h"
 
 typedef struct flash_split {
@@ -95,7 +96,7 @@ static inline flash_task flash_task_make(const sdpa_call *c, const flash_split *
      * lengths; without them they are Sq and Skv. */
     int64_t len_kv;
     sdpa__seq_lens(c, t.b, &t.len_q, &len_kv);
-    t.offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - t.len_q : 0;
+    t.offset = sdpa_causal_offset(c->causal, t.len_q, len_kv);
     t.nqb = (int)(s->n_qblocks - qb0 < s->qb_per_task ? s->n_qblocks - qb0 : s->qb_per_task);
     t.i_first = qb0 * bq;
     if (s->group > 1) { /* no causal here; rows of every head: padding only when len_q is 0 */
@@ -104,10 +105,8 @@ static inline flash_task flash_task_make(const sdpa_call *c, const flash_split *
     }
     const int64_t i_end = (qb0 + t.nqb) * bq < t.len_q ? (qb0 + t.nqb) * bq : t.len_q;
     t.kv_end = i_end <= t.i_first ? 0 : len_kv; /* a task of padding rows sees nothing */
-    if (t.causal && t.kv_end > 0) {
-        const int64_t last = i_end - 1 + t.offset;
-        t.kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
-    }
+    if (t.kv_end > 0) /* what the task's last real row sees */
+        t.kv_end = sdpa_causal_visible_keys(c->causal, i_end - 1, t.len_q, len_kv);
     return t;
 }
 

@@ -221,7 +221,7 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
         TRY("col index", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &col));
         TRY("gen col", pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, 3, Sm, NULL,
                                  NULL, col, &ops[n++]));
-        if (p->causal == 2 && p->padding) { /* row + seq_len_kv[b] - seq_len_q[b] */
+        if (p->causal == SDPA_CAUSAL_BOTTOM_RIGHT && p->padding) { /* row + seq_len_kv[b] - seq_len_q[b] */
             cudnnBackendDescriptor_t row2, row3;
             TRY("row+len_kv", tensor(g, uid++, CUDNN_DATA_INT32, sd, ss, true, false, &row2));
             TRY("add len_kv", pointwise(g, CUDNN_POINTWISE_ADD, CUDNN_DATA_INT32, -1, row, lkv,
@@ -231,7 +231,7 @@ cudnnStatus_t sdpa_cudnn_graph_build(const sdpa_cudnn_problem *p, sdpa_cudnn_gra
             TRY("sub len_q", pointwise(g, CUDNN_POINTWISE_SUB, CUDNN_DATA_INT32, -1, row2, lq,
                                        NULL, row3, &ops[n++]));
             row = row3;
-        } else if (p->causal == 2 && p->skv != p->sq) {
+        } else if (p->causal == SDPA_CAUSAL_BOTTOM_RIGHT && p->skv != p->sq) {
             cudnnBackendDescriptor_t off, row2;
             TRY("offset", tensor(g, SDPA_UID_OFFSET, CUDNN_DATA_INT32, one, one, false, true,
                                  &off));

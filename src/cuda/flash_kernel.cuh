@@ -15,6 +15,7 @@
 #endif
 
 #include "store_elem.cuh"
+#include "../core/causal.h"
 
 #define FLASH_WARPS 4
 #define FLASH_THREADS (32 * FLASH_WARPS)
@@ -196,7 +197,7 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
      * zeros), keys at or past len_kv are never loaded (zero-filled, so
      * 0 * garbage never reaches O), causal aligns on the real lengths. */
     const int64_t len_q = a.len_q ? a.len_q[b] : a.Sq, len_kv = a.len_kv ? a.len_kv[b] : a.Skv;
-    const int64_t offset = a.causal == 2 ? len_kv - len_q : 0; /* key j visible if j <= i + offset */
+    const int64_t offset = sdpa_causal_offset(a.causal, len_q, len_kv); /* j <= i + offset */
     const uint8_t *key = a.key ? a.key + b * a.key_s0 : 0;
     load_tile<HD>(q, a.qs[1], a.qs[3], m0, a.Sq, a.D, a.vec, Qs, LDQ, BM, 0);
     __syncthreads();
@@ -218,10 +219,9 @@ static __global__ void __launch_bounds__(FLASH_THREADS) flash_fwd(const flash_ar
     /* keys at or past kv_end are masked for the whole block; a block of
      * padding rows reads none */
     int64_t kv_end = m0 < len_q ? len_kv : 0;
-    if (a.causal && kv_end > 0) {
-        const int64_t last = (m0 + BM < len_q ? m0 + BM : len_q) - 1 + offset;
-        kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
-    }
+    if (kv_end > 0) /* what the block's last real row sees */
+        kv_end = sdpa_causal_visible_keys(a.causal, (m0 + BM < len_q ? m0 + BM : len_q) - 1,
+                                          len_q, len_kv);
     /* PIPE: K of buffer n at Ks + n BN LDQ, V at Ks + (2 + n) BN LDQ (pointer
      * arithmetic, not an array: a run-time index would put it in local memory) */
     if (PIPE && kv_end > 0) { /* prologue: block 0 into buffer 0 */

@@ -11,6 +11,7 @@
  * a few microseconds next to the attention itself.
  */
 #include "plugin.h"
+#include "../core/causal.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -39,10 +40,8 @@ static __global__ void zero_unseen(const unseen_args a)
         const int64_t i = r % a.Sq, h = r / a.Sq % a.Hq, b = r / (a.Sq * a.Hq);
         const int64_t lq = a.len_q ? a.len_q[b] : a.Sq, lkv = a.len_kv ? a.len_kv[b] : a.Skv;
         int64_t seen = i < lq ? lkv : 0; /* keys row i may see */
-        if (a.causal && seen > 0) {
-            const int64_t last = i + (a.causal == 2 ? lkv - lq : 0);
-            seen = last < 0 ? 0 : (last + 1 < lkv ? last + 1 : lkv);
-        }
+        if (seen > 0)
+            seen = sdpa_causal_visible_keys(a.causal, i, lq, lkv);
         if (seen > 0)
             continue;
         const int64_t base = b * a.os[0] + i * a.os[1] + h * a.os[2];

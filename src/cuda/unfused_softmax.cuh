@@ -14,6 +14,8 @@
 #ifndef SDPA_UNFUSED_SOFTMAX_CUH
 #define SDPA_UNFUSED_SOFTMAX_CUH
 
+#include "../core/causal.h"
+
 #define SOFTMAX_THREADS 128
 #ifndef UNFUSED_EMULATED
 #define SOFTMAX_SHARED(name) __shared__ float name[SOFTMAX_THREADS]
@@ -36,10 +38,8 @@ static __global__ void softmax_rows(const softmax_args a)
     float *s = a.S + r * a.Skv;
     const int64_t lq = a.len_q ? a.len_q[a.b] : a.Sq, lkv = a.len_kv ? a.len_kv[a.b] : a.Skv;
     int64_t n = i < lq ? lkv : 0; /* keys j < n may be seen, unless the key mask hides them */
-    if (a.causal && n > 0) {
-        const int64_t last = i + (a.causal == 2 ? lkv - lq : 0);
-        n = last < 0 ? 0 : (last + 1 < lkv ? last + 1 : lkv);
-    }
+    if (n > 0)
+        n = sdpa_causal_visible_keys(a.causal, i, lq, lkv);
     const uint8_t *key = a.key ? a.key + a.b * a.key_s0 : 0;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < n; j += SOFTMAX_THREADS)

@@ -21,6 +21,7 @@
  */
 #include "sdpa_mpi.h"
 #include "device_staging.h"
+#include "../core/causal.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -901,7 +902,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
                         gq.seg[r].n ? gq.seg[r].n : 1, hq, s->D);
         lacc_r[r] = lacc + at * s->B * hq;
     }
-    const int64_t off = s->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? s->Skv - s->Sq : 0;
+    const int64_t off = sdpa_causal_offset(s->causal, s->Sq, s->Skv); /* global positions */
     const int prev = (p->r - 1 + p->R) % p->R, nxt = (p->r + 1) % p->R;
     /* A local failure inside the loop must not leave the others waiting
      * on this rank's messages: the ring keeps turning, and the failure is

@@ -26,6 +26,7 @@
 #define _GNU_SOURCE /* dlfcn */
 #include "../../core/convert.h"
 #include "../../core/backend.h"
+#include "../../core/causal.h"
 #include "../exp_portable.h"
 #include "../mask_row.h"
 
@@ -162,15 +163,12 @@ static void blas_task(void *arg, int64_t task, int worker)
     const sdpa_mask *mk = c->mask;
     int64_t len_q, len_kv;
     sdpa__seq_lens(c, b, &len_q, &len_kv);
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
+    const int64_t offset = sdpa_causal_offset(c->causal, len_q, len_kv);
     const int causal = c->causal != SDPA_CAUSAL_NONE;
     float *s = j->mem + j->per * (size_t)worker, *o = s + (size_t)BR * (size_t)d->Skv;
 
-    int64_t kv_end = len_kv; /* keys past it are masked for the whole block */
-    if (causal) {
-        int64_t last = i0 + rows - 1 + offset;
-        kv_end = last < 0 ? 0 : (last + 1 < len_kv ? last + 1 : len_kv);
-    }
+    /* keys past it are masked for the whole block: what its last row sees */
+    const int64_t kv_end = sdpa_causal_visible_keys(c->causal, i0 + rows - 1, len_q, len_kv);
     const float *q = (const float *)c->q->data + sdpa__offset(c->q, b, i0, h, 0);
     const float *k = (const float *)c->k->data + sdpa__offset(c->k, b, 0, hk, 0);
     const float *v = (const float *)c->v->data + sdpa__offset(c->v, b, 0, hk, 0);

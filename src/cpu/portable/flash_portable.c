@@ -171,16 +171,14 @@ static void portable_task(void *arg, int64_t task, int worker)
     /* Sequence lengths: padding rows, real key count, causal on real lengths. */
     int64_t len_q, len_kv;
     sdpa__seq_lens(c, b, &len_q, &len_kv);
-    const int64_t offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
+    const int64_t offset = sdpa_causal_offset(c->causal, len_q, len_kv);
     tile_at at = {c->mask && c->mask->general ? c->mask : NULL, b, h, i0, 0, NULL,
                   (int)(len_q - i0 < 0 ? 0 : len_q - i0 < rows ? len_q - i0 : rows)};
 
     /* Keys beyond kv_end are masked for every row of this block. */
     int64_t kv_end = at.rows_real > 0 ? len_kv : 0;
-    if (c->causal != SDPA_CAUSAL_NONE && kv_end > 0) {
-        int64_t last_visible = i0 + at.rows_real - 1 + offset; /* of the last real row */
-        kv_end = last_visible < 0 ? 0 : (last_visible + 1 < len_kv ? last_visible + 1 : len_kv);
-    }
+    if (kv_end > 0) /* what the last real row sees */
+        kv_end = sdpa_causal_visible_keys(c->causal, i0 + at.rows_real - 1, len_q, len_kv);
 
     const sdpa_tensor *q = c->q;
     memset(w->q, 0, sizeof(float) * (size_t)rows_p * Dp);
