@@ -629,7 +629,10 @@ with open(path("ref.rules"), "w") as f:
 r = sdpa("ab", "--a", "rules=" + path("ref.rules"), "--b", "backend=cpu.portable", "--shape",
          "1,96,96,2,2,32", "--rounds", "15", "--threads", "1", "--json")
 recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
-check(r.returncode == 0 and recs and recs[0]["a_backend"] == "ref" and recs[-1]["verdict"] == "B is faster",
+# The rules arm must run what its rules say (ref, 20x slower here): the
+# median ratio shows it; the interval's verdict is test_stats' business (a
+# few preempted rounds on a loaded 2-core machine can widen it past 1).
+check(r.returncode == 0 and recs and recs[0]["a_backend"] == "ref" and recs[-1]["ratio"] < 0.5,
       f"ab rules arm: {r.stdout} {r.stderr}")
 r = sdpa("ab", "--a", "speed=fast", "--b", "backend=ref", "--shape", "1,8,8,1,1,8")
 check(r.returncode == 2 and "backend=NAME or rules=FILE" in r.stderr, f"ab bad spec: {r.stderr!r}")
