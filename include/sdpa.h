@@ -396,6 +396,15 @@ const char *sdpa_context_wisdom(const sdpa_context *ctx);
  * lookup above names it; "" when neither XDG_CONFIG_HOME nor HOME is set. */
 void sdpa_wisdom_path(int system, char *buf, size_t n);
 
+/*
+ * The environment variables libsdpa reads, for help texts: the i-th one's
+ * name, its accepted values and what it does (values and meaning may be
+ * NULL); NULL for i past the last. A context reads them all once, when it
+ * is created (unless opts->ignore_env); SDPA_CUDA_PLUGIN is read when the
+ * first context loads the plugin. Nothing reads them per call.
+ */
+const char *sdpa_env_variable(int i, const char **values, const char **meaning);
+
 /* Per-component override: calls and layers whose component equals
  * `component` use `backend` (NULL removes the override). */
 sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *component,

@@ -101,8 +101,13 @@ static void usage(FILE *f)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "  help CMD  the flags of CMD (also: sdpa CMD --help)\n"
                "  --version\n"
-               "environment: SDPA_BACKEND, SDPA_POLICY, SDPA_POLICY_FOREIGN, SDPA_LOG, "
-               "SDPA_MAX_ISA,\nSDPA_CUDA_PLUGIN (README.md)\n");
+               "environment (read when a context is created, never per call):\n");
+    const char *values, *meaning, *name;
+    for (int i = 0; (name = sdpa_env_variable(i, &values, &meaning)) != NULL; i++)
+        fprintf(f, "  %-24s %s: %s\n", name, values, meaning);
+    /* the tool's own, not the library's */
+    fprintf(f, "  %-24s %s: %s\n", "SDPA_SHAPES_DIR", "a directory",
+            "where --suite NAME looks first for NAME.tsv");
 }
 
 int main(int argc, char **argv)

@@ -89,6 +89,7 @@ typedef struct sdpa_call {
     sdpa_call_desc desc;  /* sizes and flags in one place */
     struct sdpa_pool *pool;
     unsigned cpu_features; /* SDPA_CPU_* usable on this machine (after SDPA_MAX_ISA) */
+    int cuda_flash_variant; /* the context's SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
 } sdpa_call;
 
 /*

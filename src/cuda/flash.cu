@@ -110,17 +110,9 @@ sdpa_status sdpa_cuda__flash_run(const sdpa_cuda_call *c)
     flash_args_make(c, &a);
     /* The kernel variant (flash_kernel.cuh): 0, plain loads; 1, cp.async
      * double-buffering and ldmatrix. Neither is measured yet, so the
-     * simpler one is the default; scripts/gpu-check.sh times both. */
-    const char *variant = getenv("SDPA_CUDA_FLASH_VARIANT");
-    int pipe = 0;
-    if (variant && *variant) {
-        if (strcmp(variant, "0") != 0 && strcmp(variant, "1") != 0)
-            return sdpa_cuda__host->fail(SDPA_INVALID_ARGUMENT,
-                                         "SDPA_CUDA_FLASH_VARIANT='%.20s' unknown, expected 0 "
-                                         "(plain loads) or 1 (cp.async pipeline)",
-                                         variant);
-        pipe = variant[0] == '1';
-    }
+     * simpler one is the default; scripts/gpu-check.sh times both. The
+     * core validated SDPA_CUDA_FLASH_VARIANT when the context was made. */
+    const int pipe = c->flash_variant == 1;
     cudaStream_t stream = (cudaStream_t)c->stream;
     const int bf16 = c->q->dtype == SDPA_BF16;
     ce = pipe ? launch_variant<1>(&a, d->B, d->D, bf16, stream)

@@ -16,7 +16,7 @@
 
 #include "sdpa.h"
 
-#define SDPA_CUDA_PLUGIN_ABI 5
+#define SDPA_CUDA_PLUGIN_ABI 6
 #define SDPA_CUDA_PLUGIN_ENTRY "sdpa_cuda_plugin_entry"
 
 /* What the core lends the plugin (its own symbols are not exported):
@@ -38,6 +38,8 @@ typedef struct sdpa_cuda_call {
     sdpa_call_desc desc; /* the sizes in one place; desc.mask the kinds */
     const sdpa_mask *mask; /* sdpa.h's masks, arrays in device memory, or
                             * NULL; only kinds the backend declares */
+    int flash_variant;   /* cuda.flash's kernel, from SDPA_CUDA_FLASH_VARIANT as
+                          * the core read it at context creation: 0 or 1 */
 } sdpa_cuda_call;
 
 /*

@@ -48,6 +48,7 @@ struct sdpa_context {
      * PATH", "ignored PATH: why"; or why none (sdpa_context_wisdom). */
     char wisdom[1024];
     int foreign_policy; /* 1: load rule files made elsewhere, with a warning */
+    int cuda_flash_variant; /* SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
 };
 
 /* A choice fixed before any rule is consulted (levels 1-4 of the precedence). */
@@ -84,6 +85,19 @@ sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out);
 /* Adds a backend at run time (tests' scripted backends). Not thread-safe:
  * call before the context is shared. */
 sdpa_status sdpa__ctx_add_backend(sdpa_context *ctx, const sdpa_backend *b);
+
+/* Parses rule text and puts it in front of the context's rules
+ * (rule_files.c); a tuned file made elsewhere is refused. */
+sdpa_status sdpa__ctx_install_policy(sdpa_context *ctx, const char *text, const char *origin);
+
+struct sdpa_env;
+/* Loads this machine's wisdom as the snapshot says (rule_files.c). */
+void sdpa__ctx_load_wisdom(sdpa_context *ctx, const struct sdpa_env *env);
+
+/* Applies the environment at creation (environment.c): log level, ISA cap,
+ * foreign-file policy, SDPA_BACKEND, the CUDA flash variant, the wisdom
+ * and SDPA_POLICY (or o->policy_file), each validated. */
+sdpa_status sdpa__ctx_apply_env(sdpa_context *ctx, const sdpa_context_options *o);
 
 /* Describes the call's shape class for log lines. */
 void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n);

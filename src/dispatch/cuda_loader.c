@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "cuda_loader.h"
 #include "../cuda/plugin.h"
+#include "environment.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -26,7 +27,7 @@ static sdpa_cuda_call plugin_call(const sdpa_call *c)
 {
     sdpa_cuda_call pc = {c->q,     c->k,      c->v,     c->out,           c->lse,
                          c->scale, c->causal, c->deterministic, c->stream, c->desc,
-                         c->mask};
+                         c->mask,  c->cuda_flash_variant};
     return pc;
 }
 
@@ -80,15 +81,18 @@ static int own_directory(char *dir, size_t n)
 
 static void load_once(void)
 {
-    const char *env = getenv("SDPA_CUDA_PLUGIN");
+    /* Read once per process, when the first context (or platform probe)
+     * loads the plugin. */
+    char env[sizeof plugin_path];
+    const size_t env_length = sdpa__env_read_one(SDPA_ENV_CUDA_PLUGIN, env, sizeof env);
     char dir[896];
-    if (env && *env && strlen(env) >= sizeof plugin_path) {
+    if (env_length >= sizeof plugin_path) {
         snprintf(load_error, sizeof load_error,
                  "SDPA_CUDA_PLUGIN is %zu characters long, expected at most %zu (refused)",
-                 strlen(env), sizeof plugin_path - 1);
+                 env_length, sizeof plugin_path - 1);
         return;
     }
-    if (env && *env) {
+    if (*env) {
         sdpa__strlcpy(plugin_path, env, sizeof plugin_path);
     } else if (own_directory(dir, sizeof dir)) {
         snprintf(plugin_path, sizeof plugin_path, "%s/libsdpa_cuda.so", dir);
@@ -105,7 +109,7 @@ static void load_once(void)
     void *h = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
-        if (!env && e && strstr(e, "No such file"))
+        if (!*env && e && strstr(e, "No such file"))
             snprintf(load_error, sizeof load_error,
                      "no CUDA plugin at %.60s (built only with the CUDA toolkit; "
                      "SDPA_CUDA_PLUGIN names another)",

@@ -3,11 +3,13 @@
  * pick for a plain call, every backend with its capabilities and why it is
  * absent), as the text `sdpa info` prints or as one JSON object for
  * programs (the Python package's libsdpa.info()). One implementation, so
- * the two never disagree.
+ * the two never disagree. Also sdpa_measure_ceiling: the arithmetic peak
+ * every figure of this machine is a fraction of.
  */
-#include "../core/core.h"
+#include "context.h"
 #include "../core/cpu_features.h"
 #include "../core/strbuf.h"
+#include "../cpu/ceiling.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,4 +249,18 @@ sdpa_status sdpa_info(sdpa_context *ctx, int json, char **text)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "info: cannot allocate its text");
     sdpa__clear_error();
     return SDPA_OK;
+}
+
+sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,
+                                 const char **isa)
+{
+    if (!ctx || !what || !gflops)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL",
+                          !ctx ? "ctx" : !what ? "what" : "gflops");
+    *gflops = 0;
+    sdpa_pool *pool;
+    sdpa_status st = sdpa__ctx_pool(ctx, &pool);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__cpu_ceiling(pool, ctx->host.cpu_features, what, gflops, isa);
 }

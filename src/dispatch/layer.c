@@ -71,6 +71,7 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
     if (st != SDPA_OK)
         return st;
     call->cpu_features = ctx->host.cpu_features;
+    call->cuda_flash_variant = ctx->cuda_flash_variant;
     for (int k = 0; k < n; k++) {
         const int b = cand[k];
         const sdpa_backend *be = ctx->backends[b];

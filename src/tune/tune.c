@@ -224,6 +224,7 @@ sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
         st = sdpa__call_prepare(&data.q, &data.k, &data.v, &data.out, NULL, &prm, &call);
         call.pool = pool;
         call.cpu_features = ctx->host.cpu_features;
+        call.cuda_flash_variant = ctx->cuda_flash_variant;
         int failed[SDPA_MAX_BACKENDS];
         if (st == SDPA_OK)
             st = time_row(ctx, &call, idx, nb, o.reps, &o, t, failed);

@@ -76,7 +76,7 @@ static void check(tl_case c, const sdpa_mask *mask = NULL)
     CHECK_STATUS(sdpa__call_prepare(&p.q, &p.k, &p.v, &got.t, got.lse, &prm, &call), SDPA_OK);
     const sdpa_cuda_call pc = {call.q,     call.k,      call.v,           call.out,    call.lse,
                                call.scale, call.causal, call.deterministic, call.stream, call.desc,
-                               call.mask};
+                               call.mask,  pipe};
     flash_args_make(&pc, &emu_args);
     const int hd = c.D <= 64 ? 64 : 128, bf16 = c.dtype == SDPA_BF16;
     void (*const fns[2][2][2])(void) = {

@@ -43,7 +43,7 @@ def check(cond, what):
 def sdpa(*args, env=None, cwd=None, memory_cap=None, timeout=600):
     e = dict(os.environ)
     for k in ("SDPA_BACKEND", "SDPA_POLICY", "SDPA_LOG", "SDPA_MAX_ISA", "SDPA_CUDA_PLUGIN",
-              "OPENBLAS_NUM_THREADS"):
+              "SDPA_CUDA_FLASH_VARIANT", "SDPA_POLICY_FOREIGN", "OPENBLAS_NUM_THREADS"):
         e.pop(k, None)
     e["SDPA_WISDOM"] = "none"  # whatever the machine's own wisdom says; tests below set it
     e.update(env or {})
@@ -543,6 +543,24 @@ r = sdpa("explain", "--shape", "1,2,3")
 check(r.returncode == 2 and "--shape" in r.stderr, f"explain bad shape: {r.stderr!r}")
 r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "tpu:v5")
 check(r.returncode != 0 and "platform" in r.stderr, f"explain bad platform: {r.stderr!r}")
+
+# ---- the environment: one table, printed by `sdpa help`, the README's table
+# naming the same variables; every value validated when a context is made
+repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+r = sdpa("help")
+helped = re.findall(r"^  ((?:SDPA_|XDG_CONFIG_HOME|HOME)\S*)\s", r.stdout + r.stderr, re.M)
+readme = open(os.path.join(repo, "README.md")).read()
+env_table = readme[readme.index("## Environment variables"):readme.index("## Backends")]
+in_readme = re.findall(r"^\| `([A-Z_]+)` \|", env_table, re.M)
+check(len(helped) >= 11 and helped == in_readme,
+      f"sdpa help's variables {helped} != the README table's {in_readme}")
+for var, bad in (("SDPA_CUDA_FLASH_VARIANT", "2"), ("SDPA_LOG", "loud"), ("SDPA_MAX_ISA", "sse9"),
+                 ("SDPA_POLICY_FOREIGN", "maybe"), ("SDPA_BACKEND", "cpu.nope")):
+    r = sdpa("info", env={var: bad})
+    check(r.returncode != 0 and f"{var}='{bad}'" in r.stderr,
+          f"{var}={bad}: exit {r.returncode}, stderr {r.stderr!r}")
+r = sdpa("info", env={"SDPA_CUDA_FLASH_VARIANT": "1"})
+check(r.returncode == 0, f"SDPA_CUDA_FLASH_VARIANT=1: {r.stderr}")
 
 # ---- the shape suites: in the repository, found by name, holding every row
 # of the shared copy they were taken from (unchanged) when that copy is
