@@ -1,0 +1,366 @@
+/*
+ * validate.c - the validation of a forward call, its tensors, parameters
+ * and masks.
+ *
+ * Every public entry point funnels through sdpa__call_prepare before any
+ * backend sees the call, so a bad argument is reported once, here, with its
+ * name and the expected value, and nothing has been written yet.
+ */
+#include "core.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *dim_names[4] = {"B", "S", "H", "D"};
+
+/*
+ * Checks one tensor alone and returns the number of bytes from data to the
+ * end of its last element. All arithmetic is overflow-checked: a size whose
+ * byte count does not fit in 63 bits is an error, not a wrap-around.
+ */
+sdpa_status sdpa__check_tensor(const sdpa_tensor *t, const char *name, int is_output,
+                               int64_t *span)
+{
+    if (!t)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL, expected a tensor", name);
+    if (!t->data)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s->data is NULL, expected a pointer", name);
+    if ((unsigned)t->dtype >= SDPA_DTYPE_COUNT)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "%s->dtype is %d, expected SDPA_F32, SDPA_F16 or SDPA_BF16", name,
+                          (int)t->dtype);
+    if (t->device.kind != SDPA_DEVICE_CPU && t->device.kind != SDPA_DEVICE_CUDA)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "%s->device.kind is %d, expected SDPA_DEVICE_CPU or SDPA_DEVICE_CUDA",
+                          name, (int)t->device.kind);
+    if (t->device.ordinal < 0 || (t->device.kind == SDPA_DEVICE_CPU && t->device.ordinal != 0))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "%s->device.ordinal is %d, expected 0 for the CPU or >= 0 for CUDA",
+                          name, t->device.ordinal);
+    int64_t last = 0, count = 1;
+    for (int i = 0; i < 4; i++) {
+        if (t->size[i] < 1)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s->size[%d] (%s) is %lld, expected >= 1",
+                              name, i, dim_names[i], (long long)t->size[i]);
+        if (t->stride[i] < (is_output ? 1 : 0))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s->stride[%d] (%s) is %lld, expected >= %d",
+                              name, i, dim_names[i], (long long)t->stride[i], is_output ? 1 : 0);
+        int64_t step;
+        if (__builtin_mul_overflow(t->size[i] - 1, t->stride[i], &step) ||
+            __builtin_add_overflow(last, step, &last) ||
+            __builtin_mul_overflow(count, t->size[i], &count))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s sizes/strides overflow 64-bit element offsets (size[%d] = %lld, "
+                              "stride[%d] = %lld)",
+                              name, i, (long long)t->size[i], i, (long long)t->stride[i]);
+    }
+    int64_t bytes;
+    if (__builtin_add_overflow(last, 1, &last) ||
+        __builtin_mul_overflow(last, (int64_t)sdpa_dtype_size(t->dtype), &bytes) ||
+        __builtin_mul_overflow(count, (int64_t)sdpa_dtype_size(t->dtype), &count))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s byte count overflows 64 bits", name);
+    uintptr_t end;
+    if (__builtin_add_overflow((uintptr_t)t->data, (uintptr_t)bytes, &end))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s extends past the end of the address space",
+                          name);
+    if (is_output) {
+        /* No two output elements may share memory, or threads race on them.
+         * Sufficient test: ordered by stride, each dimension steps over the
+         * whole extent of the smaller ones. */
+        int order[4] = {0, 1, 2, 3};
+        for (int i = 1; i < 4; i++)
+            for (int j = i; j > 0 && t->stride[order[j]] < t->stride[order[j - 1]]; j--) {
+                int tmp = order[j];
+                order[j] = order[j - 1], order[j - 1] = tmp;
+            }
+        int64_t extent = 1;
+        for (int i = 0; i < 4; i++) {
+            int d = order[i];
+            if (t->size[d] == 1)
+                continue;
+            if (t->stride[d] < extent)
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "%s->stride[%d] (%s) is %lld, which makes output elements "
+                                  "overlap; expected >= %lld",
+                                  name, d, dim_names[d], (long long)t->stride[d],
+                                  (long long)extent);
+            extent = t->stride[d] * t->size[d]; /* cannot overflow: bounded by `last` */
+        }
+    }
+    *span = bytes;
+    return SDPA_OK;
+}
+
+int sdpa__overlaps(const void *a, int64_t na, const void *b, int64_t nb)
+{
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + (uintptr_t)nb && b0 < a0 + (uintptr_t)na;
+}
+
+static sdpa_status check_params(const sdpa_params *p)
+{
+    if (!isfinite(p->scale))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "params->scale is not finite, expected a finite number (0 = 1/sqrt(D))");
+    if ((unsigned)p->causal > SDPA_CAUSAL_BOTTOM_RIGHT)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "params->causal is %d, expected SDPA_CAUSAL_NONE, _TOP_LEFT or "
+                          "_BOTTOM_RIGHT",
+                          (int)p->causal);
+    if (p->deterministic != 0 && p->deterministic != 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "params->deterministic is %d, expected 0 or 1",
+                          p->deterministic);
+    return SDPA_OK;
+}
+
+static const struct {
+    unsigned bit;
+    const char *name;
+} mask_kinds[] = {{SDPA_MASK_KIND_SEQ_LEN, "seq_len"},
+                  {SDPA_MASK_KIND_KEY, "key"},
+                  {SDPA_MASK_KIND_GENERAL, "general"}};
+
+void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof mask_kinds / sizeof *mask_kinds; i++)
+        if (kinds & mask_kinds[i].bit && len < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? "+" : "",
+                                    mask_kinds[i].name);
+    if (!buf[0])
+        sdpa__strlcpy(buf, "none", n);
+}
+
+unsigned sdpa__mask_kind_top(unsigned kinds)
+{
+    return kinds & SDPA_MASK_KIND_GENERAL ? SDPA_MASK_KIND_GENERAL
+           : kinds & SDPA_MASK_KIND_KEY   ? SDPA_MASK_KIND_KEY
+                                          : kinds & SDPA_MASK_KIND_SEQ_LEN;
+}
+
+unsigned sdpa__mask_kind_parse(const char *s, int *ok)
+{
+    *ok = 1;
+    if (strcmp(s, "none") == 0)
+        return 0;
+    for (size_t i = 0; i < sizeof mask_kinds / sizeof *mask_kinds; i++)
+        if (strcmp(s, mask_kinds[i].name) == 0)
+            return mask_kinds[i].bit;
+    *ok = 0;
+    return 0;
+}
+
+/* The byte extent of a strided view of sizes n[] and strides st[] (elements
+ * of es bytes), or -1 when it overflows or a stride is negative. */
+static int64_t view_bytes(const int64_t *n, const int64_t *st, int dims, int64_t es)
+{
+    int64_t last = 0, t;
+    for (int i = 0; i < dims; i++) {
+        if (st[i] < 0 || __builtin_mul_overflow(n[i] - 1, st[i], &t) ||
+            __builtin_add_overflow(last, t, &last))
+            return -1;
+    }
+    return __builtin_add_overflow(last, 1, &t) || __builtin_mul_overflow(t, es, &t) ? -1 : t;
+}
+
+/* Validates a mask against the call's sizes; fills the kinds it carries. */
+static sdpa_status check_mask(const sdpa_mask *m, const sdpa_tensor *q, const sdpa_tensor *k,
+                              unsigned *kinds)
+{
+    *kinds = 0;
+    if (!m)
+        return SDPA_OK;
+    const int64_t B = q->size[0], Sq = q->size[1], Hq = q->size[2], Skv = k->size[1];
+    const int host = q->device.kind == SDPA_DEVICE_CPU;
+    const int32_t *lens[2] = {m->seq_len_q, m->seq_len_kv};
+    const int64_t limit[2] = {Sq, Skv};
+    static const char *len_names[2] = {"mask->seq_len_q", "mask->seq_len_kv"};
+    for (int i = 0; i < 2; i++) {
+        if (!lens[i])
+            continue;
+        *kinds |= SDPA_MASK_KIND_SEQ_LEN;
+        if ((uintptr_t)lens[i] % sizeof(int32_t) != 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is not 4-byte aligned", len_names[i]);
+        for (int64_t b = 0; host && b < B; b++) /* device arrays: the backend's to read */
+            if (lens[i][b] < 0 || lens[i][b] > limit[i])
+                return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s[%lld] is %d, expected 0..%lld (%s)",
+                                  len_names[i], (long long)b, (int)lens[i][b],
+                                  (long long)limit[i], i ? "Skv" : "Sq");
+    }
+    if (m->key) {
+        *kinds |= SDPA_MASK_KIND_KEY;
+        const int64_t n[2] = {B, Skv};
+        if (view_bytes(n, m->key_stride, 2, 1) < 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->key_stride is {%lld, %lld}, expected strides >= 0 (in "
+                              "bytes, 0 broadcasts) whose extent fits in 64 bits",
+                              (long long)m->key_stride[0], (long long)m->key_stride[1]);
+    }
+    if (m->general) {
+        *kinds |= SDPA_MASK_KIND_GENERAL;
+        if (m->general_type != SDPA_MASK_BOOL && m->general_type != SDPA_MASK_ADDITIVE)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->general_type is %d, expected SDPA_MASK_BOOL or "
+                              "SDPA_MASK_ADDITIVE",
+                              (int)m->general_type);
+        size_t es = 1;
+        if (m->general_type == SDPA_MASK_ADDITIVE) {
+            if (m->general_dtype != SDPA_F32 && m->general_dtype != q->dtype)
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "mask->general_dtype is %s, expected f32 or the inputs' dtype "
+                                  "%s",
+                                  sdpa_dtype_name(m->general_dtype), sdpa_dtype_name(q->dtype));
+            es = sdpa_dtype_size(m->general_dtype);
+            if ((uintptr_t)m->general % es != 0)
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "mask->general is not aligned to its %zu-byte elements", es);
+        }
+        const int64_t n[4] = {B, Hq, Sq, Skv};
+        if (view_bytes(n, m->general_stride, 4, (int64_t)es) < 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->general_stride is {%lld, %lld, %lld, %lld}, expected "
+                              "strides >= 0 (in elements, 0 broadcasts) whose extent fits in "
+                              "64 bits",
+                              (long long)m->general_stride[0], (long long)m->general_stride[1],
+                              (long long)m->general_stride[2], (long long)m->general_stride[3]);
+    }
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, sdpa_tensor *out, float *lse,
+                               const sdpa_params *params, sdpa_call *call)
+{
+    static const sdpa_params defaults = SDPA_PARAMS_DEFAULT;
+    if (!params)
+        params = &defaults;
+    int64_t span[4];
+    const sdpa_tensor *t[4] = {q, k, v, out};
+    static const char *names[4] = {"q", "k", "v", "out"};
+    sdpa_status st;
+    for (int i = 0; i < 4; i++)
+        if ((st = sdpa__check_tensor(t[i], names[i], i == 3, &span[i])) != SDPA_OK)
+            return st;
+    if ((st = check_params(params)) != SDPA_OK)
+        return st;
+
+    for (int i = 1; i < 4; i++) {
+        if (t[i]->size[0] != q->size[0])
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s->size[0] (B) is %lld, expected %lld as in q", names[i],
+                              (long long)t[i]->size[0], (long long)q->size[0]);
+        if (t[i]->size[3] != q->size[3])
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s->size[3] (D) is %lld, expected %lld as in q", names[i],
+                              (long long)t[i]->size[3], (long long)q->size[3]);
+        if (t[i]->device.kind != q->device.kind || t[i]->device.ordinal != q->device.ordinal)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s is on device %d:%d, expected q's device %d:%d", names[i],
+                              (int)t[i]->device.kind, t[i]->device.ordinal, (int)q->device.kind,
+                              q->device.ordinal);
+    }
+    if (v->size[1] != k->size[1])
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "v->size[1] (Skv) is %lld, expected %lld as in k",
+                          (long long)v->size[1], (long long)k->size[1]);
+    if (v->size[2] != k->size[2])
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "v->size[2] (Hkv) is %lld, expected %lld as in k",
+                          (long long)v->size[2], (long long)k->size[2]);
+    if (out->size[1] != q->size[1] || out->size[2] != q->size[2])
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "out sizes are [%lld, %lld, %lld, %lld], expected q's [%lld, %lld, "
+                          "%lld, %lld]",
+                          (long long)out->size[0], (long long)out->size[1],
+                          (long long)out->size[2], (long long)out->size[3],
+                          (long long)q->size[0], (long long)q->size[1], (long long)q->size[2],
+                          (long long)q->size[3]);
+    if (q->size[2] % k->size[2] != 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "Hq %% Hkv must be 0 (grouped-query), got Hq = %lld (q->size[2]) and "
+                          "Hkv = %lld (k->size[2])",
+                          (long long)q->size[2], (long long)k->size[2]);
+    if (k->dtype != q->dtype || v->dtype != q->dtype)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s->dtype is %s, expected q's dtype %s",
+                          k->dtype != q->dtype ? "k" : "v",
+                          sdpa_dtype_name(k->dtype != q->dtype ? k->dtype : v->dtype),
+                          sdpa_dtype_name(q->dtype));
+    for (int i = 0; i < 3; i++)
+        if (sdpa__overlaps(out->data, span[3], t[i]->data, span[i]))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "out overlaps %s in memory, expected separate buffers", names[i]);
+    if (lse) {
+        int64_t n, bytes;
+        if (__builtin_mul_overflow(q->size[0], q->size[2], &n) ||
+            __builtin_mul_overflow(n, q->size[1], &n) ||
+            __builtin_mul_overflow(n, (int64_t)sizeof(float), &bytes))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "lse byte count overflows 64 bits");
+        if ((uintptr_t)lse % sizeof(float) != 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "lse is not 4-byte aligned");
+        for (int i = 0; i < 4; i++)
+            if (sdpa__overlaps(lse, bytes, t[i]->data, span[i]))
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "lse overlaps %s in memory, expected a separate buffer",
+                                  names[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)t[i]->data % sdpa_dtype_size(t[i]->dtype) != 0)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s->data is not aligned to its %zu-byte elements", names[i],
+                              sdpa_dtype_size(t[i]->dtype));
+
+    unsigned kinds;
+    if ((st = check_mask(params->mask, q, k, &kinds)) != SDPA_OK)
+        return st;
+
+    memset(call, 0, sizeof *call);
+    call->q = q, call->k = k, call->v = v, call->out = out, call->lse = lse;
+    call->mask = kinds ? params->mask : NULL;
+    call->scale = params->scale != 0.0 ? params->scale : 1.0 / sqrt((double)q->size[3]);
+    call->causal = params->causal;
+    call->deterministic = params->deterministic;
+    call->stream = params->stream;
+    sdpa_call_desc *d = &call->desc;
+    d->device = q->device.kind;
+    d->dtype = q->dtype;
+    d->B = q->size[0], d->Sq = q->size[1], d->Skv = k->size[1];
+    d->Hq = q->size[2], d->Hkv = k->size[2], d->D = q->size[3];
+    d->causal = params->causal;
+    d->want_lse = lse != NULL;
+    d->deterministic = params->deterministic;
+    d->backend = params->backend;
+    d->component = params->component;
+    d->quant = params->quant;
+    d->mask = kinds;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__desc_validate(const sdpa_call_desc *d)
+{
+    if (!d)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc is NULL, expected a call description");
+    if (d->device != SDPA_DEVICE_CPU && d->device != SDPA_DEVICE_CUDA)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->device is %d, expected CPU or CUDA",
+                          (int)d->device);
+    if ((unsigned)d->dtype >= SDPA_DTYPE_COUNT)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->dtype is %d, expected f32, f16 or bf16",
+                          (int)d->dtype);
+    const int64_t sz[6] = {d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D};
+    static const char *nm[6] = {"B", "Sq", "Skv", "Hq", "Hkv", "D"};
+    for (int i = 0; i < 6; i++)
+        if (sz[i] < 1)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->%s is %lld, expected >= 1", nm[i],
+                              (long long)sz[i]);
+    if (d->Hq % d->Hkv != 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "Hq %% Hkv must be 0 (grouped-query), got Hq = %lld and Hkv = %lld",
+                          (long long)d->Hq, (long long)d->Hkv);
+    if ((unsigned)d->causal > SDPA_CAUSAL_BOTTOM_RIGHT)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->causal is %d, expected 0, 1 or 2",
+                          (int)d->causal);
+    if (d->mask & ~(unsigned)(SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "desc->mask is 0x%x, expected SDPA_MASK_KIND_* bits", d->mask);
+    return SDPA_OK;
+}
