@@ -2,7 +2,7 @@
  * dispatch_overhead.c - what the dispatcher costs per call, apart from any
  * kernel.
  *
- * A no-op backend ("bench.noop", registered through the internal API) is
+ * A no-op backend ("bench.noop", registered through src/dispatch/seam.h) is
  * made the policy's choice. Three timings, medians of 9 runs of 50000
  * calls on one thread:
  *   validate   sdpa__call_prepare + the no-op run: the floor every call pays
@@ -11,7 +11,7 @@
  * "layer - validate" is the dispatch overhead with a cached decision.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "dispatch/context.h"
+#include "dispatch/seam.h" /* the no-op backend; the rest is sdpa.h */
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -23,15 +23,6 @@ sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...) SDPA_PRINTF(2, 
 void sdpa__clear_error(void);
 void sdpa__set_last_backend(const char *name);
 
-/*
- * Internal invariant. A failed one is a libsdpa bug: it logs to stderr and
- * calls the hook (default: abort). Tests may hook it to count instead.
- */
-typedef void (*sdpa_assert_hook)(const char *expr, const char *file, int line);
-void sdpa__assert_fail(const char *expr, const char *file, int line);
-void sdpa__set_assert_hook(sdpa_assert_hook hook);
-#define SDPA_ASSERT(e) ((e) ? (void)0 : sdpa__assert_fail(#e, __FILE__, __LINE__))
-
 /* snprintf that never overflows and always terminates; returns dst. */
 char *sdpa__strlcpy(char *dst, const char *src, size_t cap);
 char *sdpa__fmt(char *dst, size_t cap, const char *fmt, ...) SDPA_PRINTF(3, 4);

@@ -46,25 +46,6 @@ sdpa_status sdpa__fail(sdpa_status status, const char *fmt, ...)
 
 void sdpa__clear_error(void) { last_error[0] = '\0'; }
 
-static void default_assert_hook(const char *expr, const char *file, int line)
-{
-    (void)expr, (void)file, (void)line;
-    abort();
-}
-
-static sdpa_assert_hook assert_hook = default_assert_hook;
-
-void sdpa__set_assert_hook(sdpa_assert_hook hook)
-{
-    assert_hook = hook ? hook : default_assert_hook;
-}
-
-void sdpa__assert_fail(const char *expr, const char *file, int line)
-{
-    fprintf(stderr, "libsdpa: internal invariant failed: %s (%s:%d)\n", expr, file, line);
-    assert_hook(expr, file, line);
-}
-
 char *sdpa__strlcpy(char *dst, const char *src, size_t cap)
 {
     if (cap == 0)

@@ -7,6 +7,7 @@
 
 #include "../core/backend.h"
 #include "policy.h"
+#include "seam.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -82,9 +83,6 @@ sdpa_status sdpa__decide(sdpa_context *ctx, const sdpa_call_desc *desc, const sd
 /* The context's pool, started on first use. */
 sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out);
 
-/* Adds a backend at run time (tests' scripted backends). Not thread-safe:
- * call before the context is shared. */
-sdpa_status sdpa__ctx_add_backend(sdpa_context *ctx, const sdpa_backend *b);
 
 /* Parses rule text and puts it in front of the context's rules
  * (rule_files.c); a tuned file made elsewhere is refused. */

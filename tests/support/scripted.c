@@ -1,6 +1,6 @@
 /* scripted.c - see scripted.h. */
 #include "scripted.h"
-#include "dispatch/context.h"
+#include "dispatch/seam.h"
 
 #include <stdint.h>
 #include <stdlib.h>
