@@ -136,10 +136,13 @@ int npy_read_stream(FILE *f, const char *path, npy_array *out, char *err, size_t
         fail(err, errn, path, "header lacks descr, fortran_order or shape");
         goto done;
     }
+    out->is_f16 = out->is_bool = 0;
     if (strncmp(descr, "'<f4'", 5) == 0 || strncmp(descr, "'=f4'", 5) == 0)
-        out->is_f16 = 0;
+        ;
     else if (strncmp(descr, "'<f2'", 5) == 0 || strncmp(descr, "'=f2'", 5) == 0)
         out->is_f16 = 1;
+    else if (strncmp(descr, "'|b1'", 5) == 0)
+        out->is_bool = 1;
     else {
         char what[128], code[16] = "?";
         const char *end = descr[0] == '\'' ? strchr(descr + 1, '\'') : NULL;
@@ -150,8 +153,8 @@ int npy_read_stream(FILE *f, const char *path, npy_array *out, char *err, size_t
         const char *name = strcmp(code + 1, "f8") == 0 ? "float64"
                            : code[1] == 'i'            ? "an integer type"
                                                        : "this dtype";
-        snprintf(what, sizeof what, "%s ('%s') not supported, expected float32 or float16", name,
-                 code);
+        snprintf(what, sizeof what,
+                 "%s ('%s') not supported, expected float32, float16 or bool", name, code);
         fail(err, errn, path, what);
         goto done;
     }
@@ -184,8 +187,8 @@ int npy_read_stream(FILE *f, const char *path, npy_array *out, char *err, size_t
         fail(err, errn, path, "malformed shape");
         goto done;
     }
-    size_t esize = out->is_f16 ? 2 : 4;
-    if (out->count > (int64_t)(SIZE_MAX / esize) / 2) {
+    size_t esize = out->is_bool ? 1 : out->is_f16 ? 2 : 4;
+    if ((uint64_t)out->count > SIZE_MAX / esize / 2) { /* unsigned: SIZE_MAX / 1 is no int64 */
         fail(err, errn, path, "array too large");
         goto done;
     }
@@ -246,4 +249,16 @@ void npy_free(npy_array *a)
 {
     free(a->data);
     a->data = NULL;
+}
+
+const char *npy_shape_text(const npy_array *a)
+{
+    static _Thread_local char buf[NPY_MAX_DIMS * 22 + 4];
+    size_t len = (size_t)snprintf(buf, sizeof buf, "[");
+    for (int i = 0; i < a->ndim && len < sizeof buf; i++)
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%lld", i ? ", " : "",
+                                (long long)a->shape[i]);
+    if (len < sizeof buf)
+        snprintf(buf + len, sizeof buf - len, "]");
+    return buf;
 }

@@ -1,6 +1,6 @@
 /*
- * npy.h - just enough of NumPy's .npy format for `sdpa run`: read float32
- * or float16 C-order arrays, write float32 ones.
+ * npy.h - just enough of NumPy's .npy format for `sdpa run`: read float32,
+ * float16 or bool C-order arrays, write float32 ones.
  */
 #ifndef SDPA_NPY_H
 #define SDPA_NPY_H
@@ -14,7 +14,9 @@
 typedef struct npy_array {
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
-    int is_f16;   /* 0: float32, 1: float16 */
+    int is_f16;   /* 1: float16 (2 bytes an element)                 */
+    int is_bool;  /* 1: NumPy bool '|b1' (1 byte, nonzero = True);
+                   * neither: float32                                 */
     int64_t count;
     void *data;
 } npy_array;
@@ -27,5 +29,7 @@ int npy_read_stream(FILE *f, const char *path, npy_array *out, char *err, size_t
  * that must not leave a partial file write through output.h. */
 int npy_write_f32(FILE *f, const float *data, int ndim, const int64_t *shape);
 void npy_free(npy_array *a);
+/* "[2, 3, 4]": the shape as messages print it (a static buffer per thread). */
+const char *npy_shape_text(const npy_array *a);
 
 #endif

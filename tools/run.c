@@ -69,9 +69,10 @@ static int parse_lengths(const char *flag, const char *s, int64_t B, int32_t *ou
 
 /*
  * The masks from the command line: --seq-len-q/--seq-len-kv lists, a
- * float32 --key-mask [B|1, Skv] (nonzero = attend) and a float32 additive
- * --mask [B|1, H|1, Sq, Skv] (-inf hides a key; size-1 dimensions
- * broadcast). The library checks the values against the shapes.
+ * --key-mask [B|1, Skv] (bool: True = attend, as torch; or float32:
+ * nonzero = attend) and a --mask [B|1, H|1, Sq, Skv] (bool: True = attend;
+ * or float32, additive: -inf hides a key); size-1 dimensions broadcast.
+ * The library checks the values against the shapes.
  */
 static int read_masks(const char *len_q, const char *len_kv, const char *key_path,
                       const char *mask_path, const npy_array *a, npy_array *mk,
@@ -95,12 +96,16 @@ static int read_masks(const char *len_q, const char *len_kv, const char *key_pat
             return tool_usage_error("--key-mask: %s", err);
         const int64_t *s = mk[0].shape;
         if (mk[0].ndim != 2 || (s[0] != B && s[0] != 1) || s[1] != Skv || mk[0].is_f16)
-            return tool_usage_error("--key-mask: %s must be float32 [B or 1, Skv] = [%lld, %lld]",
-                                    key_path, (long long)B, (long long)Skv);
+            return tool_usage_error("--key-mask: %s must be bool or float32 [B or 1, Skv] = "
+                                    "[%lld, %lld], got %s %s",
+                                    key_path, (long long)B, (long long)Skv,
+                                    mk[0].is_f16 ? "float16" : mk[0].is_bool ? "bool" : "float32",
+                                    npy_shape_text(&mk[0]));
         if (!(*key_bytes = malloc((size_t)(s[0] * s[1]) + 1)))
             return fprintf(stderr, "sdpa: error: --key-mask: out of memory\n"), 1;
         for (int64_t i = 0; i < s[0] * s[1]; i++)
-            (*key_bytes)[i] = ((const float *)mk[0].data)[i] != 0.0f;
+            (*key_bytes)[i] = mk[0].is_bool ? ((const uint8_t *)mk[0].data)[i] != 0
+                                            : ((const float *)mk[0].data)[i] != 0.0f;
         m->key = *key_bytes;
         m->key_stride[0] = s[0] == 1 ? 0 : Skv, m->key_stride[1] = 1;
     }
@@ -110,12 +115,15 @@ static int read_masks(const char *len_q, const char *len_kv, const char *key_pat
         const int64_t *s = mk[1].shape;
         if (mk[1].ndim != 4 || (s[0] != B && s[0] != 1) || (s[1] != Hq && s[1] != 1) ||
             s[2] != Sq || s[3] != Skv || mk[1].is_f16)
-            return tool_usage_error("--mask: %s must be float32 [B or 1, H or 1, Sq, Skv] = "
-                                    "[%lld, %lld, %lld, %lld]",
+            return tool_usage_error("--mask: %s must be bool or float32 [B or 1, H or 1, Sq, Skv] "
+                                    "= [%lld, %lld, %lld, %lld], got %s %s",
                                     mask_path, (long long)B, (long long)Hq, (long long)Sq,
-                                    (long long)Skv);
-        m->general = mk[1].data;
-        m->general_type = SDPA_MASK_ADDITIVE, m->general_dtype = SDPA_F32;
+                                    (long long)Skv,
+                                    mk[1].is_f16 ? "float16" : mk[1].is_bool ? "bool" : "float32",
+                                    npy_shape_text(&mk[1]));
+        m->general = mk[1].data; /* NumPy bools are bytes 0 / 1: the library's boolean mask */
+        m->general_type = mk[1].is_bool ? SDPA_MASK_BOOL : SDPA_MASK_ADDITIVE;
+        m->general_dtype = SDPA_F32;
         m->general_stride[3] = 1, m->general_stride[2] = Skv;
         m->general_stride[1] = s[1] == 1 ? 0 : Sq * Skv;
         m->general_stride[0] = s[0] == 1 ? 0 : s[1] * Sq * Skv;
@@ -207,6 +215,11 @@ int cmd_run(int argc, char **argv)
     for (int i = 0; i < 3; i++) {
         if (npy_read(f[Q + i].value, &a[i], err, sizeof err) != 0) {
             rc = tool_usage_error("%s: %s", input_flag[i], err);
+            goto done;
+        }
+        if (a[i].is_bool) {
+            rc = tool_usage_error("%s: %s is bool, expected float32 or float16", input_flag[i],
+                                  f[Q + i].value);
             goto done;
         }
         if (a[i].ndim != 4) {

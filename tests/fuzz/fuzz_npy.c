@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     int rc = npy_read_stream(f, "fuzz.npy", &a, err, sizeof err);
     fclose(f);
     if (rc == 0) {
-        size_t bytes = (size_t)a.count * (a.is_f16 ? 2 : 4);
+        size_t bytes = (size_t)a.count * (a.is_bool ? 1 : a.is_f16 ? 2 : 4);
         if (bytes > size)
             abort(); /* data the input does not hold */
         volatile unsigned char sink = 0;
