@@ -5,14 +5,16 @@
 #                 run against it, and the .deb packed, installed and removed
 #                 (scripts/examples.sh)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
-#   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks)
+#   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
+#                 the soak)
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
 #                 scripts/python-test.sh; then bench/peers' contenders on the
 #                 smoke suite, outputs checked against float64
-#   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser and the
-#                 .npy reader, SDPA_FUZZ_SECONDS (default 20) each, from the
-#                 corpora in tests/fuzz/corpus (new inputs stay in build-fuzz/)
+#   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser, the .npy
+#                 reader and sdpa_forward against ref (fuzz_forward.c),
+#                 SDPA_FUZZ_SECONDS (default 20) each, from the corpora in
+#                 tests/fuzz/corpus (new inputs stay in build-fuzz/)
 # Installs what it needs first (scripts/deps.sh). Fresh random inputs each
 # run; a failing test prints SDPA_TEST_SEED=... to repeat it.
 set -euo pipefail
@@ -40,7 +42,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
 TSAN_OPTIONS=halt_on_error=1 \
-  configure_and_test build-tsan "test_dispatch|test_grid|test_masks" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_soak" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
 
 echo "== python"
@@ -59,9 +62,9 @@ fi
 echo "== build-fuzz"
 CC=clang cmake -S . -B build-fuzz -DSDPA_WERROR=ON -DSDPA_CUDA=OFF -DSDPA_FUZZ=ON \
   -DSDPA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$jobs" --target fuzz_policy fuzz_npy >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_policy fuzz_npy fuzz_forward >/dev/null
 fuzz_passed=0
-for t in policy npy; do
+for t in policy npy forward; do
   mkdir -p "build-fuzz/corpus-$t"
   if ! (cd build-fuzz && "tests/fuzz_$t" -max_total_time="${SDPA_FUZZ_SECONDS:-20}" -timeout=10 \
       -rss_limit_mb=2048 -print_final_stats=0 "corpus-$t" "../tests/fuzz/corpus/$t" \

@@ -1,0 +1,321 @@
+/*
+ * fuzz_forward.c - libFuzzer target: differential fuzzing of sdpa_forward.
+ *
+ * The input's bytes choose a call: B, Sq, Skv, Hq, Hkv and D (1..40, odd
+ * and 1 included), the input dtype and the output's, the layout (BSHD,
+ * BHSD, a view with gaps, slices of one packed QKV buffer), causal, the
+ * scale (default, or negative, zero-crossing and large ones), LSE or not,
+ * every mask kind (sequence lengths, a key mask broadcast or not, a boolean
+ * or additive general mask broadcast over B and H) and what the values
+ * hold (uniform, peaked scores, NaN or Inf in q, k or v, huge v, denormal
+ * q). The data come from a generator seeded by the bytes.
+ *
+ * The call runs on ref and on every present CPU backend, each named
+ * explicitly. For each backend:
+ *   - its refusal must agree with sdpa_decide for the same description
+ *     (explain's verdict): accepted -> the run is OK, refused -> UNSUPPORTED
+ *     and nothing written;
+ *   - the output is within the test grid's bound of ref's (tl_tolerance of
+ *     the dtypes plus tl_product_tolerance of its product bits, relative to
+ *     max |v| and at least 1), and the LSE within 1e-3 (3e-2 with bf16
+ *     products);
+ *   - the non-finite rules of sdpa.h: with NaN or Inf in q or k, a row is
+ *     all NaN exactly where ref's is; with NaN or Inf in v only the rows ref
+ *     keeps finite and the backend keeps finite are compared (the rule
+ *     allows 0 * NaN on rows that do not see the key);
+ *   - guard bytes after the output and the LSE, and the gaps of a strided
+ *     output, are untouched.
+ * A failure aborts (libFuzzer keeps the input); ASan/UBSan watch the rest.
+ * Run by scripts/test.sh for a bounded time over tests/fuzz/corpus/forward.
+ */
+#include "support/testlib.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
+
+typedef struct bytes {
+    const unsigned char *p;
+    size_t n;
+} bytes;
+
+static unsigned take(bytes *b, unsigned range)
+{
+    if (!b->n)
+        return 0;
+    b->n--;
+    return (unsigned)*b->p++ % range;
+}
+
+static uint64_t rng_state;
+static double rnd(void) /* [-1, 1) */
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static sdpa_context *ctx;
+static const char *names[SDPA_MAX_BACKENDS];
+static int bits[SDPA_MAX_BACKENDS];
+static int n_names;
+
+static void fail_here(const char *what, const char *backend, const char *detail)
+{
+    fprintf(stderr, "fuzz_forward: %s on %s: %s\n", what, backend, detail);
+    abort();
+}
+
+static void store(void *p, sdpa_dtype t, int64_t i, double x)
+{
+    float f = (float)x;
+    sdpa_convert(&f, SDPA_F32, (char *)p + (size_t)i * sdpa_dtype_size(t), t, 1);
+}
+
+static double load(const void *p, sdpa_dtype t, int64_t i)
+{
+    float f;
+    sdpa_convert((const char *)p + (size_t)i * sdpa_dtype_size(t), t, &f, SDPA_F32, 1);
+    return f;
+}
+
+/* Element offset of (b, s, h, d) in a view. */
+static int64_t at(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d)
+{
+    return b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + d * t->stride[3];
+}
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
+{
+    if (!ctx) {
+        sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+        o.threads = 2;
+        o.ignore_env = 1;
+        if (sdpa_context_create(&o, &ctx) != SDPA_OK)
+            abort();
+        for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+            sdpa_backend_info b;
+            sdpa_backend_get(ctx, i, &b);
+            if (b.present && b.device == SDPA_DEVICE_CPU && strcmp(b.name, "ref") != 0)
+                bits[n_names] = b.product_bits, names[n_names++] = b.name;
+        }
+    }
+    bytes in = {data, size};
+    const int64_t B = 1 + take(&in, 2), Sq = 1 + take(&in, 40), Skv = 1 + take(&in, 40);
+    const int64_t Hkv = 1 + take(&in, 3), Hq = Hkv * (1 + take(&in, 3)), D = 1 + take(&in, 40);
+    static const sdpa_dtype dtypes[3] = {SDPA_F32, SDPA_F16, SDPA_BF16};
+    const sdpa_dtype dt = dtypes[take(&in, 3)], odt = take(&in, 2) ? dt : SDPA_F32;
+    const unsigned layout = take(&in, 4); /* bshd, bhsd, gaps, packed qkv */
+    const sdpa_causal causal = (sdpa_causal)take(&in, 3);
+    const unsigned scale_kind = take(&in, 4), values = take(&in, 8);
+    const int want_lse = take(&in, 2);
+    const unsigned lens = take(&in, 4), keyk = take(&in, 3), general = take(&in, 5);
+    uint64_t h = 1469598103934665603ull; /* the data: seeded by all the bytes */
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ data[i]) * 1099511628211ull;
+    rng_state = h | 1;
+
+    /* Inputs in one buffer each (packed: one buffer for all three). */
+    const int packed = layout == 3 && Sq == Skv && Hq == Hkv;
+    const size_t es = sdpa_dtype_size(dt);
+    sdpa_tensor t[3];
+    void *mem[3] = {NULL, NULL, NULL};
+    const int64_t S3[3] = {Sq, Skv, Skv}, H3[3] = {Hq, Hkv, Hkv};
+    if (packed) {
+        mem[0] = malloc((size_t)(B * Sq * 3 * Hq * D) * es);
+        for (int i = 0; i < 3; i++) {
+            t[i] = sdpa_tensor_bshd((char *)mem[0] + (size_t)(i * Hq * D) * es, dt, B, Sq, Hq, D);
+            t[i].stride[1] = 3 * Hq * D, t[i].stride[0] = Sq * 3 * Hq * D;
+        }
+    } else {
+        for (int i = 0; i < 3; i++) {
+            const int64_t gap = layout == 2 ? 3 : 0; /* elements between rows */
+            mem[i] = malloc((size_t)(B * S3[i] * (H3[i] * D + gap)) * es + es);
+            t[i] = layout == 1 ? sdpa_tensor_bhsd(mem[i], dt, B, S3[i], H3[i], D)
+                               : sdpa_tensor_bshd(mem[i], dt, B, S3[i], H3[i], D);
+            if (layout == 2)
+                t[i].stride[1] = H3[i] * D + gap, t[i].stride[0] = S3[i] * (H3[i] * D + gap);
+        }
+    }
+    const double mag = values == 1 ? 8.0 : 1.0;
+    int nonfinite_qk = 0, nonfinite_v = 0;
+    for (int i = 0; i < 3; i++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < S3[i]; s++)
+                for (int64_t hh = 0; hh < H3[i]; hh++)
+                    for (int64_t d = 0; d < D; d++) {
+                        double x = rnd() * (i == 0 ? mag : 1.0); /* as the grid: q x 8 */
+                        if (i == 2 && values == 6) /* huge v, within the dtype's range */
+                            x *= dt == SDPA_F16 ? 6e4 : 1e30;
+                        if (i == 0 && values == 7 && d % 2) /* denormal q */
+                            x *= dt == SDPA_F16 ? 1e-6 : 1e-40;
+                        store(t[i].data, dt, at(&t[i], b, s, hh, d), x);
+                    }
+    if (values >= 2 && values <= 5) { /* one non-finite element */
+        const int which = values == 2 ? 0 : values == 3 ? 1 : 2;
+        const int64_t s = (int64_t)((rnd() + 1) / 2 * (double)S3[which]) % S3[which];
+        const double x = values == 5 ? INFINITY : NAN;
+        store(t[which].data, dt, at(&t[which], 0, s, 0, 0), x);
+        if (which < 2)
+            nonfinite_qk = 1;
+        else
+            nonfinite_v = 1;
+    }
+    sdpa_params p = SDPA_PARAMS_DEFAULT;
+    p.causal = causal;
+    p.scale = scale_kind == 0 ? 0.0 : scale_kind == 1 ? -0.25 : scale_kind == 2 ? 1.0 : 3.0;
+    if (values == 1)
+        p.scale = 1.0;
+
+    /* Masks */
+    sdpa_mask m = SDPA_MASK_DEFAULT;
+    int32_t len_q[2], len_kv[2];
+    uint8_t *key = NULL;
+    void *gen = NULL;
+    if (lens & 1) {
+        for (int64_t b = 0; b < B; b++)
+            len_q[b] = (int32_t)((rnd() + 1) / 2 * (double)(Sq + 1)) % (int32_t)(Sq + 1);
+        m.seq_len_q = len_q;
+    }
+    if (lens & 2) {
+        for (int64_t b = 0; b < B; b++)
+            len_kv[b] = (int32_t)((rnd() + 1) / 2 * (double)(Skv + 1)) % (int32_t)(Skv + 1);
+        m.seq_len_kv = len_kv;
+    }
+    if (keyk) {
+        const int64_t rows = keyk == 1 ? 1 : B;
+        key = malloc((size_t)(rows * Skv));
+        for (int64_t i = 0; i < rows * Skv; i++)
+            key[i] = rnd() > -0.4;
+        m.key = key;
+        m.key_stride[0] = keyk == 1 ? 0 : Skv, m.key_stride[1] = 1;
+    }
+    if (general) {
+        const int bb = general & 1, bh = (general >> 1) & 1; /* broadcast over B, H */
+        const int64_t nb = bb ? 1 : B, nh = bh ? 1 : Hq, n = nb * nh * Sq * Skv;
+        const int additive = general >= 3;
+        gen = malloc((size_t)n * (additive ? 4 : 1));
+        for (int64_t i = 0; i < n; i++) {
+            const double r = rnd();
+            if (additive)
+                ((float *)gen)[i] = r < -0.6 ? -INFINITY : (float)(2 * r);
+            else
+                ((uint8_t *)gen)[i] = r > -0.5;
+        }
+        m.general = gen;
+        m.general_type = additive ? SDPA_MASK_ADDITIVE : SDPA_MASK_BOOL;
+        m.general_dtype = SDPA_F32;
+        m.general_stride[3] = 1, m.general_stride[2] = Skv;
+        m.general_stride[1] = bh ? 0 : Sq * Skv, m.general_stride[0] = bb ? 0 : nh * Sq * Skv;
+    }
+    if (m.seq_len_q || m.seq_len_kv || m.key || m.general)
+        p.mask = &m;
+
+    /* ref's answer */
+    const size_t oes = sdpa_dtype_size(odt), on = (size_t)(B * Sq * Hq * D);
+    const size_t lse_n = (size_t)(B * Hq * Sq);
+    float *want = malloc(on * sizeof(float)), *ref_lse = malloc(lse_n * sizeof(float));
+    sdpa_tensor tw = sdpa_tensor_bshd(want, SDPA_F32, B, Sq, Hq, D);
+    p.backend = "ref";
+    sdpa_status st = sdpa_forward(ctx, &t[0], &t[1], &t[2], &tw, ref_lse, &p);
+    if (st != SDPA_OK)
+        fail_here("the reference failed", "ref", sdpa_last_error());
+    double vmax = 1.0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < Skv; s++)
+            for (int64_t hh = 0; hh < Hkv; hh++)
+                for (int64_t d = 0; d < D; d++) {
+                    const double x = fabs(load(t[2].data, dt, at(&t[2], b, s, hh, d)));
+                    if (isfinite(x) && x > vmax)
+                        vmax = x;
+                }
+
+    sdpa_call_desc desc = {SDPA_DEVICE_CPU, dt, B, Sq, Skv, Hq, Hkv, D, causal, want_lse,
+                           0, NULL, NULL, NULL, 0};
+    desc.mask = (m.seq_len_q || m.seq_len_kv ? SDPA_MASK_KIND_SEQ_LEN : 0) |
+                (m.key ? SDPA_MASK_KIND_KEY : 0) | (m.general ? SDPA_MASK_KIND_GENERAL : 0);
+    const int64_t gap = layout == 2 ? 5 : 0; /* output rows with gaps too */
+    const size_t out_bytes = (size_t)(B * Sq * (Hq * D + gap)) * oes;
+    unsigned char *out = malloc(out_bytes + TL_GUARD), *lse = malloc(lse_n * 4 + TL_GUARD);
+    static sdpa_decision dec;
+    for (int n = 0; n < n_names; n++) {
+        desc.backend = names[n];
+        const int accepts = sdpa_decide(ctx, &desc, &dec) == SDPA_OK && dec.status == SDPA_OK;
+        memset(out, 0xA5, out_bytes + TL_GUARD);
+        memset(lse, 0x5A, lse_n * 4 + TL_GUARD);
+        sdpa_tensor to = sdpa_tensor_bshd(out, odt, B, Sq, Hq, D);
+        to.stride[1] = Hq * D + gap, to.stride[0] = Sq * (Hq * D + gap);
+        p.backend = names[n];
+        st = sdpa_forward(ctx, &t[0], &t[1], &t[2], &to, want_lse ? (float *)lse : NULL, &p);
+        if (!accepts) {
+            if (st != SDPA_UNSUPPORTED)
+                fail_here("explain refuses the call but the run did not say UNSUPPORTED",
+                          names[n], sdpa_last_error());
+            for (size_t i = 0; i < out_bytes + TL_GUARD; i++)
+                if (out[i] != 0xA5)
+                    fail_here("a refused call wrote its output", names[n], dec.error);
+            continue;
+        }
+        if (st != SDPA_OK)
+            fail_here("explain accepts the call but the run failed", names[n], sdpa_last_error());
+        for (size_t i = out_bytes; i < out_bytes + TL_GUARD; i++)
+            if (out[i] != 0xA5)
+                fail_here("the guard bytes after the output were written", names[n], "");
+        for (size_t i = lse_n * 4; i < lse_n * 4 + TL_GUARD; i++)
+            if (lse[i] != 0x5A)
+                fail_here("the guard bytes after the LSE were written", names[n], "");
+        const double tol = (tl_tolerance(dt, odt) + tl_product_tolerance(bits[n])) * vmax;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < Sq; s++) {
+                if (gap)
+                    for (int64_t g = 0; g < gap; g++)
+                        if (((unsigned char *)out)[(size_t)(at(&to, b, s, 0, 0) + Hq * D + g) *
+                                                   oes] != 0xA5)
+                            fail_here("a gap between output rows was written", names[n], "");
+                for (int64_t hh = 0; hh < Hq; hh++) {
+                    int ref_nan = 1, got_nan = 1;
+                    for (int64_t d = 0; d < D; d++) {
+                        ref_nan &= isnan(want[at(&tw, b, s, hh, d)]);
+                        got_nan &= isnan(load(out, odt, at(&to, b, s, hh, d)));
+                    }
+                    if (nonfinite_qk && ref_nan != got_nan) {
+                        char why[96];
+                        snprintf(why, sizeof why, "row b=%lld s=%lld h=%lld: ref %s, backend %s",
+                                 (long long)b, (long long)s, (long long)hh,
+                                 ref_nan ? "NaN" : "not NaN", got_nan ? "NaN" : "not NaN");
+                        fail_here("the NaN rows differ from ref's (q or k non-finite)", names[n],
+                                  why);
+                    }
+                    for (int64_t d = 0; d < D; d++) {
+                        const double w = want[at(&tw, b, s, hh, d)];
+                        const double g = load(out, odt, at(&to, b, s, hh, d));
+                        if (!isfinite(w) || (nonfinite_v && !isfinite(g)))
+                            continue; /* the rules above, not numbers */
+                        if (!(fabs(g - w) <= tol * fmax(1.0, fabs(w) / vmax))) {
+                            char why[160];
+                            snprintf(why, sizeof why,
+                                     "out[b=%lld s=%lld h=%lld d=%lld] = %g, ref %g, bound %g",
+                                     (long long)b, (long long)s, (long long)hh, (long long)d, g,
+                                     w, tol);
+                            fail_here("the output is off", names[n], why);
+                        }
+                    }
+                    if (want_lse && !nonfinite_qk && !nonfinite_v) {
+                        const float wl = ref_lse[(b * Hq + hh) * Sq + s];
+                        const float gl = ((float *)lse)[(b * Hq + hh) * Sq + s];
+                        const double lt = bits[n] ? 3e-2 : 1e-3;
+                        if (isfinite(wl) != isfinite(gl) ||
+                            (isfinite(wl) && !(fabs(gl - wl) <= lt * fmax(1.0, fabs(wl)))))
+                            fail_here("the LSE is off", names[n], "");
+                    }
+                }
+            }
+    }
+    free(out), free(lse), free(want), free(ref_lse), free(key), free(gen);
+    for (int i = 0; i < 3; i++)
+        free(mem[i]);
+    return 0;
+}
