@@ -314,3 +314,16 @@ def load_policy(path):
     """Rules from a file, tried before the built-in ones (sdpa_context_load_policy)."""
     C.check(C.lib.sdpa_context_load_policy(_context().handle, C.cstr(os.fspath(path))),
             "load_policy")
+
+
+# The submodules that need torch or diffusers load on first use, so that
+# `import libsdpa` needs numpy only and `libsdpa.diffusers.enable()` works
+# without importing the submodule by hand (PEP 562).
+_LAZY_SUBMODULES = ("diffusers", "torch_ops", "bench")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -262,3 +262,26 @@ def test_layer_threads_and_buffer_lifetime():
     gc.collect()
     t.join()
     np.testing.assert_allclose(box["out"], want_big, atol=2e-5)
+
+
+def test_submodules_are_attributes_loaded_on_first_use():
+    import subprocess
+    import sys
+    # a fresh interpreter: importing libsdpa loads neither torch nor the submodules
+    code = ("import sys, libsdpa; "
+            "print('torch' in sys.modules, 'libsdpa.diffusers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"], r.stdout
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        libsdpa.nope  # noqa: B018
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return  # the submodules need torch: the rest runs where it is installed
+    assert libsdpa.torch_ops.__name__ == "libsdpa.torch_ops"
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        return
+    assert callable(libsdpa.diffusers.enable)
