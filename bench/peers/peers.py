@@ -216,8 +216,15 @@ def main(argv=None):
 
         arms["torch"] = torch_arm
         with torch.no_grad():
-            for n in arms:  # warm-up, and the outputs to check
-                arms[n](1)
+            for n in list(arms):  # warm-up, and the outputs to check
+                try:
+                    arms[n](1)
+                except RuntimeError as e:
+                    if n != "onednn":
+                        raise
+                    # oneDNN 2.6 has no bf16 matmul without AVX512-BF16 or AMX (Zen 3)
+                    print(f"{r['name']:22} {Hq:3} onednn: left out, not available here: {e}")
+                    del arms[n], outs[n]
             one = {n: max(arms[n](1), 1e-6) for n in arms}
             calls = {n: max(1, min(1000, int(0.02 / one[n]))) for n in arms}
             t = {n: [] for n in arms}

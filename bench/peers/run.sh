@@ -23,6 +23,10 @@ day=$(date +%F)
 name=$(basename "$suite" .tsv)
 for dtype in f32 bf16; do
   out="bench/results/$day-peers-$name-$dtype.txt"
+  # never over an earlier run (another machine's, perhaps): the next free name
+  n=2
+  while [ -e "$out" ]; do out="bench/results/$day-peers-$name-$dtype-$n.txt"; n=$((n + 1)); done
+  echo "run.sh: writing $out" >&2
   build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so --suite "$suite" \
     --dtype "$dtype" --reps "$reps" | tee "$out"
 done
