@@ -51,8 +51,6 @@ const char *sdpa_env_variable(int i, const char **values, const char **meaning)
     return vars[i].name;
 }
 
-const char *sdpa__env_name(sdpa_env_id id) { return vars[id].name; }
-
 size_t sdpa__env_read_one(sdpa_env_id id, char *buf, size_t n)
 {
     const char *v = getenv(vars[id].name);
@@ -73,7 +71,9 @@ const char *sdpa__env_value(const sdpa_env *env, sdpa_env_id id)
     return env->set[id] && env->value[id][0] ? env->value[id] : NULL;
 }
 
-int sdpa__env_cuda_flash_variant(const sdpa_env *env)
+/* The flash kernel variant SDPA_CUDA_FLASH_VARIANT selects: 0 or 1, or -1
+ * when the value is neither (INVALID_ARGUMENT recorded). */
+static int cuda_flash_variant(const sdpa_env *env)
 {
     const char *v = sdpa__env_value(env, SDPA_ENV_CUDA_FLASH_VARIANT);
     if (!v || strcmp(v, "0") == 0)
@@ -139,7 +139,7 @@ sdpa_status sdpa__ctx_apply_env(sdpa_context *ctx, const sdpa_context_options *o
                         "SDPA_BACKEND='%s' unknown (see `sdpa info` for the names)", s);
         goto done;
     }
-    if ((ctx->cuda_flash_variant = sdpa__env_cuda_flash_variant(env)) < 0) {
+    if ((ctx->cuda_flash_variant = cuda_flash_variant(env)) < 0) {
         st = SDPA_INVALID_ARGUMENT;
         goto done;
     }

@@ -44,11 +44,4 @@ size_t sdpa__env_read_one(sdpa_env_id id, char *buf, size_t n);
 /* The variable's value, NULL when unset or empty. */
 const char *sdpa__env_value(const sdpa_env *env, sdpa_env_id id);
 
-/* The variable's name ("SDPA_BACKEND"). */
-const char *sdpa__env_name(sdpa_env_id id);
-
-/* The flash kernel variant SDPA_CUDA_FLASH_VARIANT selects: 0 or 1, or -1
- * when the value is neither (INVALID_ARGUMENT recorded). */
-int sdpa__env_cuda_flash_variant(const sdpa_env *env);
-
 #endif

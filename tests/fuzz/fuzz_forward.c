@@ -75,13 +75,6 @@ static void store(void *p, sdpa_dtype t, int64_t i, double x)
     sdpa_convert(&f, SDPA_F32, (char *)p + (size_t)i * sdpa_dtype_size(t), t, 1);
 }
 
-static double load(const void *p, sdpa_dtype t, int64_t i)
-{
-    float f;
-    sdpa_convert((const char *)p + (size_t)i * sdpa_dtype_size(t), t, &f, SDPA_F32, 1);
-    return f;
-}
-
 /* Element offset of (b, s, h, d) in a view. */
 static int64_t at(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d)
 {
@@ -228,7 +221,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         for (int64_t s = 0; s < Skv; s++)
             for (int64_t hh = 0; hh < Hkv; hh++)
                 for (int64_t d = 0; d < D; d++) {
-                    const double x = fabs(load(t[2].data, dt, at(&t[2], b, s, hh, d)));
+                    const double x = fabs(tl_out_get(&t[2], b, s, hh, d));
                     if (isfinite(x) && x > vmax)
                         vmax = x;
                 }
@@ -278,8 +271,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                 for (int64_t hh = 0; hh < Hq; hh++) {
                     int ref_nan = 1, got_nan = 1;
                     for (int64_t d = 0; d < D; d++) {
-                        ref_nan &= isnan(want[at(&tw, b, s, hh, d)]);
-                        got_nan &= isnan(load(out, odt, at(&to, b, s, hh, d)));
+                        ref_nan &= isnan(tl_out_get(&tw, b, s, hh, d));
+                        got_nan &= isnan(tl_out_get(&to, b, s, hh, d));
                     }
                     if (nonfinite_qk && ref_nan != got_nan) {
                         char why[96];
@@ -290,8 +283,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                                   why);
                     }
                     for (int64_t d = 0; d < D; d++) {
-                        const double w = want[at(&tw, b, s, hh, d)];
-                        const double g = load(out, odt, at(&to, b, s, hh, d));
+                        const double w = tl_out_get(&tw, b, s, hh, d);
+                        const double g = tl_out_get(&to, b, s, hh, d);
                         if (!isfinite(w) || (nonfinite_v && !isfinite(g)))
                             continue; /* the rules above, not numbers */
                         if (!(fabs(g - w) <= tol * fmax(1.0, fabs(w) / vmax))) {
