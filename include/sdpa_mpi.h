@@ -29,7 +29,12 @@
  * Every argument is checked on every rank and the verdict agreed with one
  * MPI_Allreduce before any data moves, so ranks that disagree (shapes,
  * dtypes, degrees, causal, tensor sizes) all get INVALID_ARGUMENT, never a
- * hang or an MPI_Abort.
+ * hang or an MPI_Abort. A failure on one rank later in a call (out of
+ * memory, a refused local attention) is agreed the same way before the
+ * next exchange and before any output is written: every rank returns that
+ * status from the same call, its outputs as they were. A rank that exits
+ * or dies inside a call is the MPI implementation's to handle (Open MPI's
+ * mpirun ends the whole job); libsdpa_mpi does not survive a lost rank.
  */
 #ifndef SDPA_MPI_H
 #define SDPA_MPI_H

@@ -27,20 +27,10 @@ void sdpa__set_last_backend(const char *name);
 char *sdpa__strlcpy(char *dst, const char *src, size_t cap);
 char *sdpa__fmt(char *dst, size_t cap, const char *fmt, ...) SDPA_PRINTF(3, 4);
 
-/* ---- allocation (alloc.c): the library's only way to the heap */
+/* ---- allocation: the library's only way to the heap (alloc.h), and
+ * the per-thread scratch (scratch.c) */
+#include "alloc.h"
 
-void *sdpa__malloc(size_t n);
-void *sdpa__calloc(size_t n, size_t size);
-void *sdpa__realloc(void *p, size_t n);
-void *sdpa__aligned_alloc(size_t align, size_t n); /* n rounded up to align */
-/*
- * Fault injection, for tests: after this call the n-th allocation (from 1)
- * fails, returning NULL; the others succeed. n = 0 turns it off.
- * sdpa__alloc_count() says how many were made since: a run in which fewer
- * than n were made had no failure injected.
- */
-void sdpa__alloc_fail_at(int64_t n);
-int64_t sdpa__alloc_count(void);
 /*
  * The calling thread's scratch area (64-byte aligned, at least n bytes,
  * contents undefined), kept between calls up to 16 MiB so that repeated

@@ -43,33 +43,48 @@ sdpa_tensor sp_block(void *p, sdpa_dtype dtype, int64_t B, int64_t n, int64_t h,
     return sdpa_tensor_bshd(p, dtype, B, n, h, D);
 }
 
-/* One all-to-all of [B, rows, heads, D] pieces within the Ulysses group,
- * in units of one D-row: counts[u] rows-of-D to/from member u. */
-static sdpa_status alltoall(sdpa_mpi_plan *p, const void *send, const int64_t *sc,
-                            void *recv, const int64_t *rc, size_t row_bytes)
+/* Counts of an all-to-all: sc[U] and rc[U] rows to and from each member,
+ * then MPI's int counts and displacements (4U ints), in one allocation.
+ * Both are made (prepare_counts) before the ranks agree to exchange: a
+ * rank that failed after that point would leave the others waiting in
+ * MPI_Alltoallv. */
+static int64_t *alloc_counts(const sdpa_mpi_plan *p)
 {
-    const double t0 = sp_now_ms(); /* Ulysses' exchanges hide behind nothing: all of it is waiting */
-    int *c = malloc(sizeof(int) * 4 * (size_t)p->U);
-    if (!c)
-        return sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory");
+    return sdpa__malloc(sizeof(int64_t) * 2 * (size_t)p->U + sizeof(int) * 4 * (size_t)p->U);
+}
+
+/* MPI's int counts and displacements from sc and rc (counts in rows of
+ * D); a piece beyond int is refused, and the refusal agreed on like any
+ * other local failure. */
+static sdpa_status prepare_counts(const sdpa_mpi_plan *p, int64_t *sc)
+{
+    const int64_t *rc = sc + p->U;
+    int *c = (int *)(sc + 2 * p->U);
     int64_t so = 0, ro = 0;
     for (int u = 0; u < p->U; u++) {
-        if (sc[u] > 0x7fffffff || rc[u] > 0x7fffffff || so > 0x7fffffff || ro > 0x7fffffff) {
-            free(c);
+        if (sc[u] > 0x7fffffff || rc[u] > 0x7fffffff || so > 0x7fffffff || ro > 0x7fffffff)
             return sp_fail(SDPA_UNSUPPORTED, "sdpa_mpi_forward: an all-to-all piece exceeds 2^31 "
                            "rows of D (MPI counts are int)");
-        }
         c[u] = (int)sc[u], c[p->U + u] = (int)so, c[2 * p->U + u] = (int)rc[u];
         c[3 * p->U + u] = (int)ro;
         so += sc[u], ro += rc[u];
     }
+    return SDPA_OK;
+}
+
+/* One all-to-all of [B, rows, heads, D] pieces within the Ulysses group,
+ * in units of one D-row, with the counts prepare_counts made in sc. */
+static sdpa_status alltoall(sdpa_mpi_plan *p, const void *send, const int64_t *sc, void *recv,
+                            size_t row_bytes)
+{
+    const double t0 = sp_now_ms(); /* Ulysses' exchanges hide behind nothing: all of it is waiting */
+    const int *c = (const int *)(sc + 2 * p->U);
     MPI_Datatype row;
     MPI_Type_contiguous((int)row_bytes, MPI_BYTE, &row);
     MPI_Type_commit(&row);
     const int e = MPI_Alltoallv(send, c, c + p->U, row, recv, c + 2 * p->U, c + 3 * p->U, row,
                                 p->group);
     MPI_Type_free(&row);
-    free(c);
     p->stats.wait_ms += sp_now_ms() - t0;
     return e == MPI_SUCCESS ? SDPA_OK : sp_fail(SDPA_DEVICE_ERROR, "sdpa_mpi_forward: "
                                                 "MPI_Alltoallv failed");
@@ -100,7 +115,7 @@ sdpa_status sp_gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, int6
             g->seg[r].n = 0;
         g->n += g->seg[r].n;
     }
-    g->data = malloc(rows_b * (size_t)(s->B * (g->n ? g->n : 1)));
+    g->data = sdpa__malloc(rows_b * (size_t)(s->B * (g->n ? g->n : 1)));
     for (int r = 0, at = 0; r < 2; at += (int)g->seg[r].n, r++)
         g->seg[r].data = g->data ? g->data + rows_b * (size_t)(s->B * at) : NULL;
     const int64_t mine = sp_local_rows(p, p->rank, kv), mine0 = count[2 * p->rank];
@@ -115,13 +130,17 @@ sdpa_status sp_gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, int6
     /* send to member u: my rows of u's heads, range by range; receive from
      * u: u's rows of mine, range by range */
     const int64_t H = kv ? s->Hkv : s->Hq;
-    int64_t *sc = malloc(sizeof(int64_t) * 2 * (size_t)p->U), *rc = sc ? sc + p->U : NULL;
-    char *sendbuf = malloc(rows_b * (size_t)(s->B * (mine ? mine : 1) * p->U));
-    char *recvbuf = malloc(rows_b * (size_t)(s->B * (g->n ? g->n : 1)));
+    int64_t *sc = alloc_counts(p), *rc = sc ? sc + p->U : NULL;
+    char *sendbuf = sdpa__malloc(rows_b * (size_t)(s->B * (mine ? mine : 1) * p->U));
+    char *recvbuf = sdpa__malloc(rows_b * (size_t)(s->B * (g->n ? g->n : 1)));
     sdpa_status st = g->data && sc && sendbuf && recvbuf
                          ? SDPA_OK
                          : sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the "
                                    "all-to-all");
+    for (int u = 0; st == SDPA_OK && u < p->U; u++)
+        sc[u] = s->B * mine * heads, rc[u] = s->B * sp_local_rows(p, base + u, kv) * heads;
+    if (st == SDPA_OK)
+        st = prepare_counts(p, sc);
     /* every rank, or none, goes on to the all-to-all */
     if ((st = sp_agree(p->comm, st, p->rank)) != SDPA_OK) {
         free(sc), free(sendbuf), free(recvbuf);
@@ -136,9 +155,8 @@ sdpa_status sp_gather_group(sdpa_mpi_plan *p, const sdpa_tensor *x, int kv, int6
                 sp_pack(x, r ? mine0 : 0, n, h0, heads, dst);
             dst += rows_b * (size_t)(s->B * n);
         }
-        sc[u] = s->B * mine * heads, rc[u] = s->B * sp_local_rows(p, base + u, kv) * heads;
     }
-    st = alltoall(p, sendbuf, sc, recvbuf, rc, row);
+    st = alltoall(p, sendbuf, sc, recvbuf, row);
     p->stats.bytes_sent += (int64_t)rows_b * s->B * mine * (p->U - 1);
     p->stats.bytes_received += (int64_t)rows_b * s->B * (g->n - mine);
     /* member u's piece, per range r: [B, count_ur, heads, D] into range r's
@@ -189,16 +207,20 @@ sdpa_status sp_scatter_result(sdpa_mpi_plan *p, const gathered *q, const float *
     const int base = p->r * p->U;
     const int64_t mine = sp_local_rows(p, p->rank, 0), D = s->D;
     const size_t prow = sizeof(float) * (size_t)(D + 1);
-    int64_t *sc = malloc(sizeof(int64_t) * 2 * (size_t)p->U), *rc = sc ? sc + p->U : NULL;
-    float *sendbuf = malloc(prow * (size_t)(s->B * (q->n ? q->n : 1) * hq));
-    float *recvbuf = p->U > 1 ? malloc(prow * (size_t)(s->B * (mine ? mine : 1) * s->Hq)) : NULL;
-    float *tmp = malloc(sizeof(float) * (size_t)D);
+    int64_t *sc = alloc_counts(p), *rc = sc ? sc + p->U : NULL;
+    float *sendbuf = sdpa__malloc(prow * (size_t)(s->B * (q->n ? q->n : 1) * hq));
+    float *recvbuf = p->U > 1 ? sdpa__malloc(prow * (size_t)(s->B * (mine ? mine : 1) * s->Hq)) : NULL;
+    float *tmp = sdpa__malloc(sizeof(float) * (size_t)D);
     sdpa_status st = sc && sendbuf && tmp && (recvbuf || p->U == 1)
                          ? SDPA_OK
                          : sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the result");
-    if (p->U > 1) /* every rank, or none, goes on to the all-to-all */
-        st = sp_agree(p->comm, st, p->rank);
-    if (st != SDPA_OK) {
+    for (int u = 0; st == SDPA_OK && u < p->U; u++)
+        sc[u] = s->B * sp_local_rows(p, base + u, 0) * hq, rc[u] = s->B * mine * hq;
+    if (st == SDPA_OK)
+        st = prepare_counts(p, sc);
+    /* every rank, or none, goes on to the all-to-all and writes its
+     * output: a failure leaves every rank's output as it was */
+    if ((st = sp_agree(p->comm, st, p->rank)) != SDPA_OK) {
         free(sc), free(sendbuf), free(recvbuf), free(tmp);
         return st;
     }
@@ -217,10 +239,9 @@ sdpa_status sp_scatter_result(sdpa_mpi_plan *p, const gathered *q, const float *
                     }
             at[r] += n;
         }
-        sc[u] = s->B * sp_local_rows(p, base + u, 0) * hq, rc[u] = s->B * mine * hq;
     }
     if (p->U > 1) {
-        st = alltoall(p, sendbuf, sc, recvbuf, rc, prow);
+        st = alltoall(p, sendbuf, sc, recvbuf, prow);
         p->stats.bytes_sent += (int64_t)prow * s->B * (q->n - mine) * hq;
         p->stats.bytes_received += (int64_t)prow * s->B * mine * hq * (p->U - 1);
     }

@@ -2,7 +2,8 @@
  * forward.c - libsdpa_mpi (include/sdpa_mpi.h): Ulysses, ring
  * and USP attention on the caller's communicator. Only libsdpa's public
  * API is used (sdpa_forward with the LSE, sdpa_merge), so any LSE-capable
- * backend does the local work and the core stays free of MPI.
+ * backend does the local work and the core stays free of MPI; memory comes
+ * from the core's allocation funnel (alloc.h), built in, for fault tests.
  *
  * One forward, on the rank (u, r) of a ulysses x ring grid:
  *   1. Ulysses (ulysses > 1): an all-to-all in the group of r turns the
@@ -121,7 +122,7 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
                     return sp_fail(SDPA_UNSUPPORTED, "sdpa_mpi_forward: causal on device tensors "
                                    "needs shard boundaries on the diagonal (equal splits, no "
                                    "zigzag); a block has offset %lld", (long long)d);
-                if (!(vis = malloc((size_t)(nq * nk))))
+                if (!(vis = sdpa__malloc((size_t)(nq * nk))))
                     return sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for a mask");
                 for (int64_t i = 0; i < nq; i++)
                     for (int64_t j = 0; j < nk; j++)
@@ -300,7 +301,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
                      bk = es * (size_t)(s->B * nkv * s->Hkv * s->D),
                      bo = oes * (size_t)(s->B * nq * s->Hq * s->D),
                      bl = sizeof(float) * (size_t)(s->B * s->Hq * nq);
-        if (st == SDPA_OK && !(staged = malloc(bq + 2 * bk + bo + bl + 64)))
+        if (st == SDPA_OK && !(staged = sdpa__malloc(bq + 2 * bk + bo + bl + 64)))
             st = SDPA_OUT_OF_MEMORY, snprintf(why, sizeof why, "no host memory for staging");
         const sdpa_tensor *src[3] = {q, k, v};
         sdpa_tensor *dst[3] = {&hq_t, &hk_t, &hv_t};
@@ -348,10 +349,10 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
         max_nk = n > max_nk ? n : max_nk;
     }
     const size_t kv_bytes = row * (size_t)(s->B * (max_nk ? max_nk : 1) * hk);
-    char *cur = malloc(2 * kv_bytes), *next = malloc(2 * kv_bytes);
+    char *cur = sdpa__malloc(2 * kv_bytes), *next = sdpa__malloc(2 * kv_bytes);
     const size_t acc_n = (size_t)(s->B * (gq.n ? gq.n : 1) * hq);
-    float *acc = calloc(acc_n * (size_t)s->D, sizeof(float)), *tmp = malloc(acc_n * (size_t)s->D * 4);
-    float *lacc = malloc(acc_n * sizeof(float)), *ltmp = malloc(acc_n * sizeof(float));
+    float *acc = sdpa__calloc(acc_n * (size_t)s->D, sizeof(float)), *tmp = sdpa__malloc(acc_n * (size_t)s->D * 4);
+    float *lacc = sdpa__malloc(acc_n * sizeof(float)), *ltmp = sdpa__malloc(acc_n * sizeof(float));
     if (st == SDPA_OK && (!cur || !next || !acc || !tmp || !lacc || !ltmp))
         st = sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward: no memory for the ring");
     /* on the device: buffers for one block's q, k, v, output and LSE */
@@ -438,7 +439,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     if (st == SDPA_OK && k_joint && gq.n > 0) { /* the replicated keys, once, this member's heads */
         const int64_t T = k_joint->size[1];
         const int64_t h0 = p->kv_replicated ? p->u * s->Hkv / p->U : p->u * hk;
-        char *kj = malloc(row * (size_t)(s->B * T * hk)), *vj = malloc(row * (size_t)(s->B * T * hk));
+        char *kj = sdpa__malloc(row * (size_t)(s->B * T * hk)), *vj = sdpa__malloc(row * (size_t)(s->B * T * hk));
         const double t0 = sp_now_ms();
         if (!kj || !vj) {
             st = sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_forward_joint: no memory for the joint keys");

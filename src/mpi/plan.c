@@ -159,8 +159,8 @@ sdpa_status sdpa_mpi_plan_create(MPI_Comm comm, int ulysses, int ring,
                        "communicator");
     MPI_Query_thread(&provided); /* only the calling thread communicates: any level will do */
     (void)provided;
-    sdpa_mpi_plan *p = calloc(1, sizeof *p);
-    int64_t *arrays = p ? malloc(sizeof(int64_t) * 8 * (size_t)size) : NULL;
+    sdpa_mpi_plan *p = sdpa__calloc(1, sizeof *p);
+    int64_t *arrays = p ? sdpa__malloc(sizeof(int64_t) * 8 * (size_t)size) : NULL;
     sdpa_status st = p && arrays ? SDPA_OK
                                  : sp_fail(SDPA_OUT_OF_MEMORY, "sdpa_mpi_plan_create: no memory");
     if (st == SDPA_OK && !shape)
@@ -197,24 +197,25 @@ sdpa_status sdpa_mpi_plan_create(MPI_Comm comm, int ulysses, int ring,
             h = (h ^ (uint64_t)p->kv_count[i]) * 1099511628211u;
         desc[ND - 1] = (int64_t)(h >> 2); /* non-negative: -x below cannot overflow */
     }
-    int64_t mine[2 * ND + 1], all[2 * ND + 1];
-    mine[0] = st != SDPA_OK;
+    /* [0]: the worst rank's status, [1]: which rank (as sp_agree) */
+    int64_t mine[2 * ND + 2], all[2 * ND + 2];
+    mine[0] = st, mine[1] = st != SDPA_OK ? rank : -1;
     for (int i = 0; i < ND; i++)
-        mine[1 + i] = desc[i], mine[1 + ND + i] = -desc[i];
-    if (MPI_Allreduce(mine, all, 2 * ND + 1, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS)
+        mine[2 + i] = desc[i], mine[2 + ND + i] = -desc[i];
+    if (MPI_Allreduce(mine, all, 2 * ND + 2, MPI_INT64_T, MPI_MAX, comm) != MPI_SUCCESS)
         st = sp_fail(SDPA_DEVICE_ERROR, "sdpa_mpi_plan_create: MPI_Allreduce failed");
-    else if (all[0] && st == SDPA_OK)
-        st = sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: another rank refused the plan "
-                     "(its message says why)");
+    else if (all[0] && st == SDPA_OK) /* e.g. out of memory there: the same status here */
+        st = sp_fail((sdpa_status)all[0], "sdpa_mpi_plan_create: rank %lld refused the plan (its "
+                     "message says why)", (long long)all[1]);
     else if (st == SDPA_OK) {
         static const char *names[ND] = {"ulysses", "ring", "B",     "Sq",     "Skv",
                                         "Hq",      "Hkv",  "D",     "dtype",  "causal",
                                         "zigzag",  "the row splits"};
         for (int i = 0; i < ND && st == SDPA_OK; i++)
-            if (all[1 + i] != -all[1 + ND + i])
+            if (all[2 + i] != -all[2 + ND + i])
                 st = sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_plan_create: ranks disagree on %s "
                              "(values %lld to %lld); every rank must pass the same plan",
-                             names[i], (long long)-all[1 + ND + i], (long long)all[1 + i]);
+                             names[i], (long long)-all[2 + ND + i], (long long)all[2 + i]);
     }
     if (st == SDPA_OK) {
         p->s = *shape, p->size = size, p->rank = rank, p->U = ulysses, p->R = ring;

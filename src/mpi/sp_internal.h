@@ -8,6 +8,7 @@
 #define SDPA_MPI_SP_INTERNAL_H
 
 #include "sdpa_mpi.h"
+#include "../core/alloc.h" /* every allocation through the core's funnel: faults can be injected */
 
 #include <stddef.h>
 #include <stdint.h>

@@ -15,6 +15,7 @@
  * harness of the other tests carries its own copy of the core.
  */
 #include "sdpa_mpi.h"
+#include "mpi_check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -24,18 +25,6 @@
 
 static int rank, size, passed, failed;
 static uint64_t rng;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            printf("FAIL rank %d %s:%d: ", rank, __FILE__, __LINE__);                              \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static float uniform(void)
 {

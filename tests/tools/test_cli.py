@@ -854,7 +854,7 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
                         path("sp3.npy")], capture_output=True, text=True, env=mpi_env, timeout=300)
     check(r.returncode != 0 and "degrees that work" in r.stderr and not os.path.exists(path("sp3.npy")),
           f"--sp ulysses with 4 heads on 3 ranks: {r.stderr}")
-else:  # sanitizer builds: Open MPI's own leaks (test_sp runs there without leak checks)
+else:  # sanitizer builds: too slow there; test_sp and test_sp_faults check libsdpa_mpi under ASan
     skipped += 1
     print("SKIP sdpa run --sp: no MPI in this sdpa, no mpirun, or a sanitizer build")
 
