@@ -3,11 +3,14 @@
  * kernel.
  *
  * A no-op backend ("bench.noop", registered through src/dispatch/seam.h) is
- * made the policy's choice. Three timings, medians of 9 runs of 50000
- * calls on one thread:
+ * made the policy's choice. Four timings, medians of 9 runs of 50000
+ * calls on one thread, the four interleaved run by run:
  *   validate   sdpa__call_prepare + the no-op run: the floor every call pays
- *   layer      sdpa_layer_forward: validation + cached decision + latch check
- *   one-shot   sdpa_forward: validation + a full decision every call
+ *   layer      sdpa_layer_forward: validation + the layer's cached decision
+ *              + latch check
+ *   one-shot   sdpa_forward: validation + the context's cached decision
+ *   fresh      sdpa_forward under a scoped override: a full decision every
+ *              call (overrides are never cached)
  * "layer - validate" is the dispatch overhead with a cached decision.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -67,11 +70,13 @@ int main(void)
     sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
     ld.name = "bench";
     sdpa_layer_create(ctx, &ld, &layer);
-    const char *names[3] = {"validate", "layer", "one-shot"};
-    double med[3];
-    for (int m = 0; m < 3; m++) {
-        double runs[RUNS];
-        for (int r = 0; r < RUNS; r++) {
+    enum { MODES = 4 };
+    const char *names[MODES] = {"validate", "layer", "one-shot", "fresh"};
+    double runs[MODES][RUNS], med[MODES];
+    for (int r = 0; r < RUNS; r++)
+        for (int m = 0; m < MODES; m++) {
+            if (m == 3)
+                sdpa_override_push("bench.noop");
             double t0 = now_ns();
             for (int i = 0; i < CALLS; i++) {
                 sdpa_status st;
@@ -90,17 +95,22 @@ int main(void)
                     return 1;
                 }
             }
-            runs[r] = (now_ns() - t0) / CALLS;
+            runs[m][r] = (now_ns() - t0) / CALLS;
+            if (m == 3)
+                sdpa_override_pop();
         }
-        qsort(runs, RUNS, sizeof *runs, cmp);
-        med[m] = runs[RUNS / 2];
+    for (int m = 0; m < MODES; m++) {
+        qsort(runs[m], RUNS, sizeof *runs[m], cmp);
+        med[m] = runs[m][RUNS / 2];
     }
     printf("per call, ns (median of %d runs x %d calls, no-op backend, 1 thread)\n", RUNS, CALLS);
-    for (int m = 0; m < 3; m++)
+    for (int m = 0; m < MODES; m++)
         printf("  %-9s %8.1f\n", names[m], med[m]);
     printf("dispatch overhead with a cached layer decision: %.1f ns per call\n", med[1] - med[0]);
-    printf("dispatch overhead of a one-shot call (full decision): %.1f ns per call\n",
-           med[2] - med[0]);
+    printf("dispatch overhead of a one-shot call (the context's cached decision): %.1f ns per "
+           "call\n", med[2] - med[0]);
+    printf("dispatch overhead of a full decision (scoped override): %.1f ns per call\n",
+           med[3] - med[0]);
     sdpa_layer_destroy(layer);
     sdpa_context_destroy(ctx);
     return 0;

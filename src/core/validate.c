@@ -304,8 +304,9 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                                   "lse overlaps %s in memory, expected a separate buffer",
                                   names[i]);
     }
-    for (int i = 0; i < 4; i++)
-        if ((uintptr_t)t[i]->data % sdpa_dtype_size(t[i]->dtype) != 0)
+    for (int i = 0; i < 4; i++) /* a mask, not %: a 64-bit division per tensor was a fifth of
+                                  * a one-token call's validation */
+        if ((uintptr_t)t[i]->data & (sdpa_dtype_size(t[i]->dtype) - 1))
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
                               "%s->data is not aligned to its %zu-byte elements", names[i],
                               sdpa_dtype_size(t[i]->dtype));
@@ -314,7 +315,8 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
     if ((st = check_mask(params->mask, q, k, &kinds)) != SDPA_OK)
         return st;
 
-    memset(call, 0, sizeof *call);
+    /* every field set, no memset: a rep stos of the whole struct was 3% of a one-token call */
+    call->pool = NULL, call->cpu_features = 0, call->cuda_flash_variant = 0;
     call->q = q, call->k = k, call->v = v, call->out = out, call->lse = lse;
     call->mask = kinds ? params->mask : NULL;
     call->scale = params->scale != 0.0 ? params->scale : 1.0 / sqrt((double)q->size[3]);

@@ -6,6 +6,7 @@
 #define SDPA_CONTEXT_H
 
 #include "../core/backend.h"
+#include "decision_cache.h"
 #include "policy.h"
 #include "seam.h"
 
@@ -22,8 +23,8 @@ struct sdpa_context {
     sdpa_logger log;
     int threads;
 
-    pthread_mutex_t pool_lock; /* the pool starts on the first parallel run */
-    sdpa_pool *pool;
+    pthread_mutex_t pool_lock; /* the pool starts on the first run, under this lock */
+    sdpa_pool *_Atomic pool;
     int share_pool;            /* 1: the process-wide pool of its width; 0: its own */
 
     int n_backends;
@@ -50,6 +51,7 @@ struct sdpa_context {
     char wisdom[1024];
     int foreign_policy; /* 1: load rule files made elsewhere, with a warning */
     int cuda_flash_variant; /* SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
+    sdpa_decision_cache oneshot; /* sdpa_forward's decisions per shape class */
 };
 
 /* A choice fixed before any rule is consulted (levels 1-4 of the precedence). */

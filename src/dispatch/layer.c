@@ -3,29 +3,18 @@
  * with their decision cache and latch.
  *
  * A layer caches its decision per shape class (dtype, sizes, mask, LSE,
- * determinism), so the steady-state cost of dispatch is one mutex and one
- * table probe (bench/dispatch_overhead measures it). A backend that answers
+ * determinism), and so does the context for one-shot calls
+ * (decision_cache.h), so the steady-state cost of dispatch is one mutex
+ * and one table probe (bench/dispatch_overhead measures it). A backend that answers
  * UNSUPPORTED while running is latched off for the layer: one atomic bit,
  * one warning, and the next candidate runs in the same call.
  */
 #include "context.h"
+#include "decision_cache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CACHE_SLOTS 64
-
-typedef struct cache_entry {
-    int valid;
-    unsigned generation;
-    sdpa_call_desc key; /* string fields are not part of the key */
-    int n;
-    int cand[SDPA_MAX_CANDIDATES];
-    sdpa_source source;
-    sdpa_status status;
-    char error[256];
-} cache_entry;
 
 struct sdpa_layer {
     sdpa_context *ctx;
@@ -35,8 +24,8 @@ struct sdpa_layer {
     int has_choice;
     sdpa_choice choice;          /* levels 1-4, captured at creation */
     _Atomic uint64_t latched;    /* bit per backend index */
-    pthread_mutex_t cache_lock;
-    cache_entry cache[CACHE_SLOTS];
+    char who[112];               /* "layer 'NAME'", for the decision log */
+    sdpa_decision_cache cache;
 };
 
 _Static_assert(SDPA_MAX_BACKENDS <= 64, "latch mask holds one bit per backend");
@@ -119,7 +108,8 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
                       skipped[0] ? skipped : "no candidates");
 }
 
-/* A fresh decision, then run: one-shot calls and per-call explicit choices. */
+/* A fresh decision, then run: per-call explicit choices and calls under a
+ * scoped override. */
 static sdpa_status decide_and_run(sdpa_context *ctx, sdpa_layer *layer, const char *name,
                                   sdpa_call *call, int warmup)
 {
@@ -143,11 +133,19 @@ static sdpa_status context_call(sdpa_context *ctx, const sdpa_tensor *q, const s
     sdpa_status st = sdpa__call_prepare(q, k, v, out, lse, params, &call);
     if (st != SDPA_OK)
         return st;
-    return decide_and_run(ctx, NULL,
-                          params && params->layer_name ? params->layer_name
-                          : warmup                     ? "sdpa_warmup"
-                                                       : "sdpa_forward",
-                          &call, warmup);
+    const char *name = params && params->layer_name ? params->layer_name
+                       : warmup                     ? "sdpa_warmup"
+                                                    : "sdpa_forward";
+    /* per-call explicit choices and scoped overrides: decided fresh, never
+     * cached (decision_cache.h says why) */
+    if (call.desc.backend || sdpa_override_current())
+        return decide_and_run(ctx, NULL, name, &call, warmup);
+    sdpa_cached_decision e;
+    if ((st = sdpa__cached_decide(ctx, &ctx->oneshot, &call.desc, NULL, name, &e)) != SDPA_OK)
+        return st;
+    if (e.status != SDPA_OK)
+        return sdpa__fail(e.status, "%s: %s", name, e.error);
+    return run_candidates(ctx, NULL, name, &call, e.cand, e.n, e.source, warmup);
 }
 
 sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -195,7 +193,8 @@ sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc, sd
         sdpa__fmt(l->choice.detail, sizeof l->choice.detail, "backend=%s on layer '%s'",
                   desc->backend, l->name);
     l->has_choice = r > 0;
-    pthread_mutex_init(&l->cache_lock, NULL);
+    sdpa__fmt(l->who, sizeof l->who, "layer '%s'", l->name);
+    sdpa__decision_cache_init(&l->cache);
     *out = l;
     sdpa__clear_error();
     return SDPA_OK;
@@ -205,7 +204,7 @@ void sdpa_layer_destroy(sdpa_layer *layer)
 {
     if (!layer)
         return;
-    pthread_mutex_destroy(&layer->cache_lock);
+    sdpa__decision_cache_destroy(&layer->cache);
     free(layer);
 }
 
@@ -215,73 +214,6 @@ int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend)
         return 0;
     int b = sdpa__ctx_find(layer->ctx, backend);
     return b >= 0 && ((atomic_load(&layer->latched) >> b) & 1u);
-}
-
-static int same_class(const sdpa_call_desc *a, const sdpa_call_desc *b)
-{
-    return a->device == b->device && a->dtype == b->dtype && a->B == b->B && a->Sq == b->Sq &&
-           a->Skv == b->Skv && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D &&
-           a->causal == b->causal && a->want_lse == b->want_lse &&
-           a->deterministic == b->deterministic && a->mask == b->mask;
-}
-
-static unsigned class_hash(const sdpa_call_desc *d)
-{
-    uint64_t h = 1469598103934665603ull;
-    const int64_t f[] = {d->device, d->dtype, d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D,
-                         d->causal, d->want_lse, d->deterministic, d->mask};
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-        h = (h ^ (uint64_t)f[i]) * 1099511628211ull;
-    return (unsigned)(h ^ (h >> 32)) % CACHE_SLOTS;
-}
-
-/* The layer's decision for this shape class: from the cache, or made now. */
-static sdpa_status layer_decision(sdpa_layer *l, const sdpa_call_desc *d, cache_entry *out)
-{
-    sdpa_context *ctx = l->ctx;
-    const unsigned gen = atomic_load(&ctx->generation);
-    const unsigned slot = class_hash(d);
-    pthread_mutex_lock(&l->cache_lock);
-    cache_entry *e = &l->cache[slot];
-    int hit = e->valid && e->generation == gen && same_class(&e->key, d);
-    if (hit)
-        *out = *e;
-    pthread_mutex_unlock(&l->cache_lock);
-    if (hit)
-        return SDPA_OK;
-
-    sdpa_decision *dec = sdpa__malloc(sizeof *dec);
-    if (!dec)
-        return sdpa__fail(SDPA_OUT_OF_MEMORY, "layer '%s': cannot allocate a decision", l->name);
-    memset(out, 0, sizeof *out);
-    sdpa_status st = sdpa__decide(ctx, d, l->has_choice ? &l->choice : NULL, dec, out->cand);
-    if (st != SDPA_OK) {
-        free(dec);
-        return st;
-    }
-    out->valid = 1;
-    out->generation = gen;
-    out->key = *d;
-    out->key.backend = out->key.component = out->key.quant = NULL;
-    out->n = dec->n_candidates;
-    out->source = dec->source;
-    out->status = dec->status;
-    sdpa__strlcpy(out->error, dec->error, sizeof out->error);
-    if (ctx->log.level >= SDPA_LOG_DEBUG) {
-        char cls[256], list[256] = "";
-        sdpa__desc_string(d, cls, sizeof cls);
-        for (int i = 0, len = 0; i < dec->n_candidates; i++)
-            len += snprintf(list + len, sizeof list - (size_t)len, "%s%s", i ? ", " : "",
-                            dec->candidates[i]);
-        sdpa__log(&ctx->log, SDPA_LOG_DEBUG, "layer '%s': %s -> [%s] by %s%s%s%s", l->name, cls,
-                  dec->n_candidates ? list : dec->error, sdpa_source_name(dec->source),
-                  dec->rule[0] ? " '" : "", dec->rule, dec->rule[0] ? "'" : "");
-    }
-    free(dec);
-    pthread_mutex_lock(&l->cache_lock);
-    l->cache[slot] = *out;
-    pthread_mutex_unlock(&l->cache_lock);
-    return SDPA_OK;
 }
 
 static sdpa_status layer_call(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -304,8 +236,9 @@ static sdpa_status layer_call(sdpa_layer *l, const sdpa_tensor *q, const sdpa_te
     const int own_backend = l->has_choice && l->choice.source == SDPA_SOURCE_EXPLICIT;
     if (!own_backend && sdpa_override_current())
         return decide_and_run(l->ctx, l, l->name, &call, warmup);
-    cache_entry e;
-    if ((st = layer_decision(l, &call.desc, &e)) != SDPA_OK)
+    sdpa_cached_decision e;
+    if ((st = sdpa__cached_decide(l->ctx, &l->cache, &call.desc, l->has_choice ? &l->choice : NULL,
+                                  l->who, &e)) != SDPA_OK)
         return st;
     if (e.status != SDPA_OK)
         return sdpa__fail(e.status, "layer '%s': %s", l->name, e.error);

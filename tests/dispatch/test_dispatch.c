@@ -917,6 +917,136 @@ static void test_max_isa(void)
     sdpa_context_destroy(ctx);
 }
 
+/* ---- one-shot calls: the context's decision cache (decision_cache.h) */
+
+static _Atomic int decisions_logged; /* debug lines "sdpa_forward: ... -> [...]" */
+
+static void count_decisions(sdpa_log_level level, const char *message, void *user)
+{
+    (void)user;
+    if (level == SDPA_LOG_DEBUG && strstr(message, " -> ["))
+        atomic_fetch_add(&decisions_logged, 1);
+}
+
+typedef struct oneshot_thread {
+    sdpa_context *ctx;
+    const run_setup *r;
+    const char *push;
+    char ran[32];
+} oneshot_thread;
+
+static void *forward_on_thread(void *raw)
+{
+    oneshot_thread *t = raw;
+    tl_output out;
+    tl_output_make(&out, &t->r->p);
+    if (t->push)
+        sdpa_override_push(t->push);
+    const sdpa_status st = sdpa_forward(t->ctx, &t->r->p.q, &t->r->p.k, &t->r->p.v, &out.t,
+                                        out.lse, NULL);
+    snprintf(t->ran, sizeof t->ran, "%s", st == SDPA_OK ? sdpa_last_backend() : "(failed)");
+    if (t->push)
+        sdpa_override_pop();
+    tl_output_free(&out);
+    return NULL;
+}
+
+/* sdpa_forward on the calling thread: which backend ran. */
+static const char *forward_ran(sdpa_context *ctx, run_setup *r, const char *component)
+{
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.component = component;
+    const sdpa_status st = sdpa_forward(ctx, &r->p.q, &r->p.k, &r->p.v, &r->out.t, r->out.lse,
+                                        &prm);
+    return st == SDPA_OK && correct(r) ? sdpa_last_backend() : "(failed or wrong)";
+}
+
+static void test_oneshot_cache(void)
+{
+    sdpa_platform plat;
+    sdpa_platform_parse("cpu:isa=portable", &plat);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.platform = &plat, o.threads = 1, o.ignore_env = 1;
+    o.log = count_decisions, o.log_level = SDPA_LOG_DEBUG;
+    sdpa_context *ctx;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_OK);
+    memset(&sa, 0, sizeof sa), memset(&sb, 0, sizeof sb), memset(&sc, 0, sizeof sc);
+    scripted_add(ctx, "test.a", &sa);
+    scripted_add(ctx, "test.b", &sb);
+    scripted_add(ctx, "test.c", &sc);
+    sdpa_context_load_policy_text(ctx, "rule r\ndevice cpu\ntry test.b\nevidence x\n", "r.rules");
+    run_setup r;
+    setup(&r, ctx, 1);
+    atomic_store(&decisions_logged, 0);
+    const char *ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.b") == 0, "rule's choice: ran %s", ran);
+    for (int i = 0; i < 3; i++)
+        forward_ran(ctx, &r, NULL);
+    CHECK(atomic_load(&decisions_logged) == 1, "4 calls of one shape: %d decisions, expected 1 "
+          "(cached)", atomic_load(&decisions_logged));
+
+    /* A scoped override is decided fresh and never cached, whether the
+     * cache is cold (another shape) or warm. */
+    sdpa_override_push("test.c");
+    ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.c") == 0, "under the override: ran %s", ran);
+    sdpa_override_pop();
+    ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.b") == 0, "after the pop: ran %s", ran);
+    oneshot_thread t = {ctx, &r, "test.a", ""};
+    pthread_t th;
+    pthread_create(&th, NULL, forward_on_thread, &t);
+    pthread_join(th, NULL);
+    CHECK(strcmp(t.ran, "test.a") == 0, "thread B under its override ran %s", t.ran);
+    ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.b") == 0, "thread A after B's override ran %s", ran);
+    t = (oneshot_thread){ctx, &r, NULL, ""};
+    sdpa_override_push("test.c"); /* A's override does not reach B's call */
+    pthread_create(&th, NULL, forward_on_thread, &t);
+    pthread_join(th, NULL);
+    sdpa_override_pop();
+    CHECK(strcmp(t.ran, "test.b") == 0, "thread B while A holds an override ran %s", t.ran);
+    tl_case other = {1, 33, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
+                     TL_UNIFORM, 0};
+    run_setup r2;
+    tl_problem_make(&r2.p, &other);
+    tl_output_make(&r2.out, &r2.p);
+    sdpa_override_push("test.c"); /* first call of a new shape under an override */
+    CHECK_STATUS(sdpa_forward(ctx, &r2.p.q, &r2.p.k, &r2.p.v, &r2.out.t, r2.out.lse, NULL),
+                 SDPA_OK);
+    sdpa_override_pop();
+    CHECK_STATUS(sdpa_forward(ctx, &r2.p.q, &r2.p.k, &r2.p.v, &r2.out.t, r2.out.lse, NULL),
+                 SDPA_OK);
+    CHECK(strcmp(sdpa_last_backend(), "test.b") == 0, "new shape after the override: ran %s",
+          sdpa_last_backend());
+    tl_output_free(&r2.out);
+    tl_problem_free(&r2.p);
+
+    /* A component's backend: its own entry; setting or clearing it, and
+     * loading rules, make every entry stale. */
+    CHECK_STATUS(sdpa_context_set_component_backend(ctx, "text_encoder", "test.a"), SDPA_OK);
+    ran = forward_ran(ctx, &r, "text_encoder");
+    CHECK(strcmp(ran, "test.a") == 0, "component text_encoder: ran %s", ran);
+    ran = forward_ran(ctx, &r, "transformer");
+    CHECK(strcmp(ran, "test.b") == 0, "component transformer: ran %s", ran);
+    ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.b") == 0, "no component: ran %s", ran);
+    CHECK_STATUS(sdpa_context_set_component_backend(ctx, "text_encoder", NULL), SDPA_OK);
+    ran = forward_ran(ctx, &r, "text_encoder");
+    CHECK(strcmp(ran, "test.b") == 0, "component cleared: ran %s", ran);
+    sdpa_context_load_policy_text(ctx, "rule r2\ndevice cpu\ntry test.c\nevidence x\n", "r2.rules");
+    ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.c") == 0, "after loading rules: ran %s", ran);
+    sb.refuse = "scripted: refuses now"; /* passed over in the next decision */
+    sdpa_context_load_policy_text(ctx, "rule r3\ndevice cpu\ntry test.b test.a\nevidence x\n",
+                                  "r3.rules");
+    ran = forward_ran(ctx, &r, NULL);
+    CHECK(strcmp(ran, "test.a") == 0, "first candidate refusing: ran %s", ran);
+    sb.refuse = NULL;
+    teardown(&r);
+    sdpa_context_destroy(ctx);
+}
+
 int main(void)
 {
     tl_seed_from_env();
@@ -926,6 +1056,7 @@ int main(void)
     test_lse_forcing();
     test_latch();
     test_layer_call_time_override();
+    test_oneshot_cache();
     test_warmup();
     test_shared_pool();
     test_concurrency();
