@@ -143,8 +143,8 @@ class _Call:
         if not allocate:
             return
         shape = (B, Sq, Hq, D) if layout == "bshd" else (B, Hq, Sq, D)
-        if out is None:
-            out = self._empty(q, shape, None)
+        if out is None:  # torch: q's strides where q is dense (as _Plan.run allocates)
+            out = sys.modules["torch"].empty_like(q) if self.torch else self._empty(q, shape, None)
         elif tuple(out.shape) != shape:
             raise InvalidArgumentError(f"out has shape {tuple(out.shape)}, expected {shape}")
         self.out_obj = out
@@ -190,11 +190,145 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
                      enable_gqa=enable_gqa, return_lse=return_lse, out=out, backend=backend,
                      attn_mask=attn_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                      key_mask=key_mask)
+    ctx, torch = _ctx, sys.modules.get("torch")  # _context(), inlined: this is every call's cost
+    if ctx is None or ctx.requested != (_threads_set if _threads_set is not None else
+                                        max(1, torch.get_num_threads()) if torch else 0):
+        ctx = _context()
+    if (out is None and attn_mask is None and seq_len_q is None and seq_len_kv is None and
+            key_mask is None and _PREPARED):  # its prepared structs, if seen before
+        r = _prepared(_tls, ctx, C.lib.sdpa_forward, ctx.handle, ctx, q, k, v, layout,
+                      is_causal, scale, enable_gqa, return_lse, backend, quant, component)
+        if r is not _GENERAL:
+            return r
     _refuse_grad(q, k, v)
     call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend, quant,
                  component, attn_mask, seq_len_q, seq_len_kv, key_mask)
-    ctx = _context()
     return call.run(C.lib.sdpa_forward, ctx.handle)
+
+
+# ---- prepared calls: the per-call cost of a repeated call
+#
+# A call's C structs (four sdpa_tensor, sdpa_params) depend only on its
+# signature: the inputs' type, dtype, device, shape and strides and the
+# keyword arguments. The first call of a signature builds them through
+# _Call (every check, every error); later calls find them in a small
+# per-thread table (structs are written per call, so never shared between
+# threads) and only set the four data pointers, allocate the output and
+# call C. Calls with masks, out= or CUDA tensors always take the general
+# path. bench/python_calls.py measures both against torch's SDPA.
+
+_PLAN_LIMIT = 64  # signatures kept per thread (and per Layer); the table is cleared when full
+_PREPARED = True  # False: every call takes the general path (the benchmark's "before" arm)
+_tls = threading.local()
+# sdpa_forward and sdpa_layer_forward without argtypes, for _Plan.run
+_UNTYPED = {f.__name__: ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(f, ctypes.c_void_p).value)
+            for f in (C.lib.sdpa_forward, C.lib.sdpa_layer_forward)}
+
+
+def _prepared(holder, ctx, fn, handle, owner, q, k, v, layout, is_causal, scale, enable_gqa,
+              return_lse, backend, quant, component):
+    """The call through this thread's prepared structs for its signature
+    (made now, by the general path, on the signature's first call), or
+    _GENERAL where the call must take the general path: CUDA or mixed
+    devices, inputs that require grad, other array types, and keyword
+    values of other types than the documented ones (so is_causal=1, equal
+    to True as a key, still gets its error). Written for speed: one
+    function, identity tests first, no helper calls on the way."""
+    if not ((is_causal is False or is_causal is True or type(is_causal) is str) and
+            (enable_gqa is None or enable_gqa is True or enable_gqa is False) and
+            (scale is None or type(scale) is float or type(scale) is int) and
+            (return_lse is False or return_lse is True) and
+            (backend is None or type(backend) is str) and
+            (quant is None or type(quant) is str) and
+            (component is None or type(component) is str)):
+        return _GENERAL
+    tq = type(q)
+    if tq is np.ndarray:
+        if type(k) is not tq or type(v) is not tq:
+            return _GENERAL
+        key = (q.dtype, k.dtype, v.dtype, q.shape, q.strides, k.shape, k.strides, v.shape,
+               v.strides, layout, is_causal, scale, enable_gqa, return_lse, backend, quant,
+               component)
+    else:
+        torch = sys.modules.get("torch")
+        if torch is None or tq is not torch.Tensor or type(k) is not tq or type(v) is not tq:
+            return _GENERAL
+        if not (q.is_cpu and k.is_cpu and v.is_cpu):
+            return _GENERAL  # a CUDA call takes torch's current stream, per call
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return _GENERAL  # the general path refuses it, with the reason
+        # torch.Size and tuple hash alike; torch's dtypes keep the two kinds of key apart
+        key = (q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape,
+               v.stride(), layout, is_causal, scale, enable_gqa, return_lse, backend, quant,
+               component)
+    try:
+        owner_ctx, plans = holder.state  # one attribute: each costs ~0.1 us on a threading.local
+    except AttributeError:  # this thread's first call
+        owner_ctx = None
+    if owner_ctx is not ctx:  # new thread, or a new context (set_num_threads): a new table
+        plans = {}
+        holder.state = (ctx, plans)
+    plan = plans.get(key)
+    if plan is None:
+        _refuse_grad(q, k, v)
+        call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, None, backend,
+                     quant, component, None, None, None, None)
+        result = call.run(fn, handle)
+        if call.q.device[0] == C.DEVICE_CPU:
+            if len(plans) >= _PLAN_LIMIT:
+                plans.clear()
+            plans[key] = _Plan(call, fn, handle, owner)
+        return result
+    tq, tk, tv, to, rq, rk, rv, ro, rp, cfn, h, is_torch, shape, lse_shape = plan.parts
+    if is_torch:  # out as the first call's: torch.empty_like(q) (see _Call)
+        tq.data, tk.data, tv.data = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        out = torch.empty_like(q)
+        to.data = out.data_ptr()
+        if return_lse:
+            lse = torch.empty(lse_shape, dtype=torch.float32)
+            lse_ptr = ctypes.c_void_p(lse.data_ptr())
+    else:
+        tq.data, tk.data, tv.data = _np_address(q), _np_address(k), _np_address(v)
+        out = np.empty(shape, dtype=np.float32)
+        to.data = _np_address(out)
+        if return_lse:
+            lse = np.empty(lse_shape, dtype=np.float32)
+            lse_ptr = ctypes.c_void_p(_np_address(lse))
+    st = cfn(h, rq, rk, rv, ro, lse_ptr if return_lse else None, rp)
+    if st:
+        C.check(st)
+    return (out, lse) if return_lse else out
+
+
+def _np_address(x):
+    """The data address of a numpy array: through the buffer protocol
+    (0.7 us) where the array allows it, else numpy's .ctypes (2.2 us)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(x))
+    except (TypeError, ValueError, BufferError):  # read-only, or not contiguous
+        return x.ctypes.data
+
+
+class _Plan:
+    """One signature's C structs, filled by its first call; _prepared sets
+    the data pointers and calls C (through an untyped function pointer:
+    every argument is already a ctypes object, and ctypes' per-argument
+    type checks cost about 1 us a call)."""
+
+    __slots__ = ("parts", "keep")
+
+    def __init__(self, call, fn, handle, owner):
+        structs = [x.tensor() for x in (call.q, call.k, call.v, call.out)]
+        refs = [ctypes.byref(x) for x in structs + [call.params]]
+        # one tuple, unpacked once per call: cheaper than a dozen attribute reads
+        self.parts = (*structs, *refs, _UNTYPED[fn.__name__], ctypes.c_void_p(handle.value),
+                      call.torch, tuple(call.out_obj.shape),
+                      None if call.lse_obj is None else tuple(call.lse_obj.shape))
+        # the params' strings and the owner of the handle (context or Layer) live as long as this
+        self.keep = (call.params, call._strings, owner)
+
+
+_GENERAL = object()  # _prepared's answer: take the general path
 
 
 def _refuse_grad(*xs):
@@ -225,10 +359,18 @@ class Layer:
         C.check(C.lib.sdpa_layer_create(self._ctx.handle, ctypes.byref(desc),
                                         ctypes.byref(handle)), "Layer")
         self.handle, self.name, self.component = handle, name, component
+        self._tls = threading.local()  # prepared calls, per thread (see _Plan)
 
     def __call__(self, q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
                  return_lse=False, out=None, backend=None, attn_mask=None, seq_len_q=None,
                  seq_len_kv=None, key_mask=None):
+        if (out is None and attn_mask is None and seq_len_q is None and seq_len_kv is None and
+                key_mask is None and _PREPARED):  # as attention(): prepared structs
+            r = _prepared(self._tls, self._ctx, C.lib.sdpa_layer_forward, self.handle, None, q,
+                          k, v, layout, is_causal, scale, enable_gqa, return_lse, backend, None,
+                          None)
+            if r is not _GENERAL:
+                return r
         _refuse_grad(q, k, v)
         call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
                      None, None, attn_mask, seq_len_q, seq_len_kv, key_mask)

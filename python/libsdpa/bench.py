@@ -4,6 +4,7 @@ suite; and a whole diffusers transformer forward, native vs libsdpa.
 
     python -m libsdpa.bench [--suite smoke] [--dtype f32|bf16] [--reps 5]
                             [--dit] [--dit-only]
+    python -m libsdpa.bench --calls [--reps 9]   # the fixed cost of a call
 
 Figures: medians of --reps rounds, each round running every arm once in a
 rotating order; GFLOP/s = 4 B Hq Sq Skv D / time (halved for causal with
@@ -119,6 +120,80 @@ def bench_suite(args):
         sys.stdout.flush()
 
 
+# Small calls, where the fixed cost is the cost: torch layout [B, H, S, D] as
+# torch's SDPA takes it; name, B, Sq, Skv, H, D.
+_CALL_SHAPES = [("one-token", 1, 1, 1, 1, 32), ("decode-8x64", 1, 1, 1, 8, 64),
+                ("decode-24x128", 2, 1, 77, 24, 128), ("tokens-16", 1, 16, 16, 8, 64)]
+
+
+def bench_calls(args, n=1000):
+    """Microseconds per call, torch's SDPA next to libsdpa.attention and a
+    Layer on the same torch tensors (and on numpy arrays), each arm n calls
+    per round, rounds interleaved; plus where a libsdpa call's time goes: the
+    same call through the general path (views and structs built per call,
+    as every call did before prepared calls), and the parts of a prepared
+    call measured alone."""
+    import ctypes
+    import numpy as np
+    info = libsdpa.info()
+    print(f"# python -m libsdpa.bench --calls --reps {args.reps}  libsdpa {libsdpa.__version__}, "
+          f"torch {torch.__version__}, {info['cpu']['model']}, {torch.get_num_threads()} threads, "
+          f"{datetime.date.today()}; us per call, medians of {args.reps} interleaved rounds of "
+          f"{n} calls")
+    print(f"{'shape':15} {'arm':30} {'us/call':>8} {'x torch':>8}")
+    for name, B, Sq, Skv, H, D in _CALL_SHAPES:
+        q = torch.rand(B, H, Sq, D)
+        k, v = torch.rand(B, H, Skv, D), torch.rand(B, H, Skv, D)
+        qn, kn, vn = (x.transpose(1, 2).contiguous().numpy() for x in (q, k, v))
+        layer = libsdpa.Layer(f"bench.{name}")
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        want = sdpa(q, k, v)
+        got = {"libsdpa.attention": libsdpa.attention(q, k, v, layout="bhsd"),
+               "Layer": layer(q, k, v, layout="bhsd"),
+               "numpy": torch.from_numpy(libsdpa.attention(qn, kn, vn)).transpose(1, 2)}
+        for arm, o in got.items():  # outputs checked, not timed
+            err = (o - want).abs().max().item()
+            if err > 1e-5:
+                raise SystemExit(f"{name}: {arm} differs from torch's SDPA by {err:.2e}")
+
+        def general():
+            libsdpa._PREPARED = False
+            try:
+                libsdpa.attention(q, k, v, layout="bhsd")
+            finally:
+                libsdpa._PREPARED = True
+
+        def signature():  # the key _prepared builds for a torch call
+            return (q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape,
+                    v.stride(), "bhsd", False, None, None, False, None, None, None)
+
+        plan = libsdpa._tls.state[1][signature()]  # this thread's table (libsdpa._prepared)
+        out = torch.empty_like(q)  # the C call alone: copies of the plan's structs, pointing here
+        structs = [type(t).from_buffer_copy(t) for t in plan.parts[:4]]
+        for t, x in zip(structs, (q, k, v, out)):
+            t.data = x.data_ptr()
+        rq, rk, rv, ro = (ctypes.byref(t) for t in structs)
+        rp, cfn, handle = plan.parts[8:11]
+        parts = {
+            "torch sdpa": lambda: sdpa(q, k, v),
+            "libsdpa.attention": lambda: libsdpa.attention(q, k, v, layout="bhsd"),
+            "Layer": lambda: layer(q, k, v, layout="bhsd"),
+            "libsdpa.attention (numpy)": lambda: libsdpa.attention(qn, kn, vn),
+            "general path": general,
+            "part: signature": signature,
+            "part: output alloc": lambda: torch.empty_like(q),
+            "part: C call (ctypes)": lambda: cfn(handle, rq, rk, rv, ro, None, rp),
+        }
+        arms = {a: (lambda f: lambda: [f() for _ in range(n)])(f) for a, f in parts.items()}
+        with torch.no_grad():
+            med = median_times(arms, args.reps)
+        for arm, ms in med.items():
+            us = ms * 1e3 / n
+            ratio = "" if arm.startswith("part") else f"{med['torch sdpa'] / ms:8.2f}"
+            print(f"{name:15} {arm:30} {us:8.2f} {ratio:>8}")
+        sys.stdout.flush()
+
+
 def bench_dit(args):
     import diffusers
     import libsdpa.diffusers as ld
@@ -162,7 +237,11 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dit", action="store_true", help="also a diffusers transformer forward")
     p.add_argument("--dit-only", action="store_true")
+    p.add_argument("--calls", action="store_true", help="only the fixed cost of small calls")
     args = p.parse_args(argv)
+    if args.calls:
+        bench_calls(args)
+        return
     if not args.dit_only:
         bench_suite(args)
     if args.dit or args.dit_only:

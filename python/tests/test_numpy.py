@@ -285,3 +285,67 @@ def test_submodules_are_attributes_loaded_on_first_use():
     except ImportError:
         return
     assert callable(libsdpa.diffusers.enable)
+
+
+def test_prepared_calls_repeat_correctly():
+    """The second and later calls of a signature reuse the first call's C
+    structs (libsdpa._Plan): every call must still read its own arrays and
+    fill its own output, signatures must not be confused, threads must not
+    share structs, and what the general path refuses it still refuses."""
+    layer = libsdpa.Layer("prepared")
+    shapes = [(1, 1, 1, 32), (2, 17, 3, 64), (1, 17, 3, 64)]  # the last two differ in B only
+    for _ in range(3):
+        for shape in shapes:
+            q, k, v = (rand(shape, np.float32) for _ in range(3))
+            want, want_lse = reference(q, k, v, "top-left")
+            for call in (libsdpa.attention, layer):
+                out, lse = call(q, k, v, is_causal=True, return_lse=True)
+                np.testing.assert_allclose(out, want, atol=2e-5)
+                np.testing.assert_allclose(lse, want_lse, atol=1e-4)
+                np.testing.assert_allclose(call(q, k, v), reference(q, k, v)[0], atol=2e-5)
+    # strides are part of the signature: the same shape as a transposed view
+    q = rand((1, 9, 2, 16), np.float32)
+    qt = np.ascontiguousarray(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    for x in (q, qt, q, qt):
+        np.testing.assert_allclose(libsdpa.attention(x, q, q), reference(q, q, q)[0], atol=2e-5)
+    # read-only and non-contiguous arrays (numpy's own pointer, not the buffer protocol)
+    ro = q.copy()
+    ro.flags.writeable = False
+    sliced = rand((1, 9, 4, 16), np.float32)[:, :, ::2]
+    for _ in range(2):
+        np.testing.assert_allclose(libsdpa.attention(ro, ro, ro), reference(q, q, q)[0],
+                                   atol=2e-5)
+        np.testing.assert_allclose(libsdpa.attention(sliced, sliced, sliced),
+                                   reference(sliced, sliced, sliced)[0], atol=2e-5)
+    # a value only the general path takes, after a plan for its equal exists
+    libsdpa.attention(q, q, q, is_causal=True)
+    with pytest.raises(libsdpa.InvalidArgumentError, match="is_causal is 1"):
+        libsdpa.attention(q, q, q, is_causal=1)
+    # another dtype for k than the plan's: refused, not read as the plan's dtype
+    with pytest.raises(libsdpa.InvalidArgumentError, match="dtype"):
+        libsdpa.attention(q, q.astype(np.float16), q)
+    # threads: the same signature at once, each with its own data
+    errors = []
+
+    def work(seed):
+        r = np.random.default_rng(seed)
+        try:
+            for _ in range(20):
+                x = r.uniform(-1, 1, (1, 5, 2, 32)).astype(np.float32)
+                np.testing.assert_allclose(libsdpa.attention(x, x, x), reference(x, x, x)[0],
+                                           atol=2e-5)
+                np.testing.assert_allclose(layer(x, x, x), reference(x, x, x)[0], atol=2e-5)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
+    # a new thread count makes a new context: prepared calls follow it
+    libsdpa.set_num_threads(1)
+    try:
+        np.testing.assert_allclose(libsdpa.attention(q, q, q), reference(q, q, q)[0], atol=2e-5)
+        assert libsdpa.get_num_threads() == 1
+    finally:
+        libsdpa.set_num_threads(None)

@@ -106,8 +106,36 @@ def test_grad_and_device_errors():
         libsdpa.attention(q, q, q)
     with torch.no_grad():
         libsdpa.attention(q, q, q)
+        libsdpa.attention(q, q, q)  # now a prepared call of this signature exists
+    with pytest.raises(libsdpa.InvalidArgumentError, match="no_grad"):
+        libsdpa.attention(q, q, q)  # still refused with autograd on
     with pytest.raises(libsdpa.InvalidArgumentError, match="torch.float64"):
         libsdpa.attention(q.detach().double(), q.detach(), q.detach())
+
+
+def test_prepared_calls_repeat_correctly():
+    """Repeated calls of one signature (libsdpa._Plan) read each call's
+    tensors and return a fresh output each time, for attention and a Layer,
+    with and without the LSE; other dtypes of k are refused, not misread."""
+    layer = libsdpa.Layer("prepared.torch")
+    for dtype in (torch.float32, torch.bfloat16):
+        tol = 2e-5 if dtype == torch.float32 else 2e-2
+        outs = []
+        for _ in range(3):
+            q, k, v = (torch.randn(2, 4, 33, 64).to(dtype) for _ in range(3))
+            want = torch_sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            for call in (libsdpa.attention, layer):
+                out = call(q, k, v, layout="bhsd")
+                assert out.dtype == dtype and out.shape == q.shape
+                assert (out.float() - want.transpose(1, 2).float()).abs().max().item() <= tol
+                o2, lse = call(q, k, v, layout="bhsd", return_lse=True)
+                assert lse.shape == (2, 4, 33) and (o2.float() - out.float()).abs().max() == 0
+                outs.append(out)
+        assert len({o.data_ptr() for o in outs}) == len(outs)  # never one buffer handed out twice
+    q = torch.randn(1, 5, 2, 16)
+    libsdpa.attention(q, q, q)
+    with pytest.raises(libsdpa.InvalidArgumentError, match="dtype"):
+        libsdpa.attention(q, q.to(torch.bfloat16), q)
 
 
 def test_dlpack_producer():
