@@ -34,7 +34,7 @@ from ._capi import (DeviceError, Error, InternalError, InvalidArgumentError,  # 
                     NotAvailableError, OutOfMemoryError, UnsupportedError)
 
 __version__ = C.lib.sdpa_version().decode()
-__all__ = ["attention", "explain", "info", "backend", "Layer", "set_component_backend",
+__all__ = ["attention", "merge", "explain", "info", "backend", "Layer", "set_component_backend",
            "load_policy", "set_num_threads", "get_num_threads", "last_backend", "Error",
            "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "DeviceError",
            "NotAvailableError", "InternalError"]
@@ -340,6 +340,53 @@ def _refuse_grad(*xs):
                                    "torch.inference_mode())")
 
 
+def merge(out_a, lse_a, out_b, lse_b, *, layout="bshd", out=None, lse=None):
+    """Two partial results of one attention call over disjoint sets of keys
+    (sdpa_merge): (out_a, lse_a) and (out_b, lse_b) -> (out, lse), as if
+    the call had seen both. out_* are [B, Sq, Hq, D] (layout "bshd") or
+    [B, Hq, Sq, D] ("bhsd") in any dtype, lse_* float32 [B, Hq, Sq]; numpy
+    or CPU torch. A side whose LSE is -inf saw no key and is not read. out=
+    and lse= (which may be out_a and lse_a: a running accumulation) receive
+    the result; else new float32 arrays. Returns (out, lse)."""
+    va, vb = A.view(out_a, "out_a", layout), A.view(out_b, "out_b", layout)
+    if va.device[0] != C.DEVICE_CPU or vb.device[0] != C.DEVICE_CPU:
+        raise InvalidArgumentError("merge: out_a and out_b must be CPU memory (sdpa_merge "
+                                   "runs on the CPU)")
+    B, Sq, Hq, _ = va.sizes
+    torch = sys.modules.get("torch") if A.is_torch(out_a) else None
+
+    def lse_of(x, name, writable=False):
+        if torch is not None and isinstance(x, torch.Tensor):
+            ok = x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"
+            ptr = x.data_ptr()
+        else:
+            x = np.asarray(x)
+            ok = x.dtype == np.float32 and x.flags.c_contiguous and (x.flags.writeable or
+                                                                      not writable)
+            ptr = x.ctypes.data
+        if not ok or tuple(x.shape) != (B, Hq, Sq):
+            raise InvalidArgumentError(f"merge: {name} has shape {tuple(x.shape)} and dtype "
+                                       f"{x.dtype}, expected a contiguous float32 "
+                                       f"[B, Hq, Sq] = {(B, Hq, Sq)} on the CPU")
+        return x, ptr
+
+    la, pa = lse_of(lse_a, "lse_a")
+    lb, pb = lse_of(lse_b, "lse_b")
+    if out is None:
+        shape = tuple(out_a.shape)
+        out = (torch.empty(shape, dtype=torch.float32) if torch is not None else
+               np.empty(shape, dtype=np.float32))
+    if lse is None:
+        lse = (torch.empty((B, Hq, Sq), dtype=torch.float32) if torch is not None else
+               np.empty((B, Hq, Sq), dtype=np.float32))
+    vo = A.view(out, "out", layout, writable=True)
+    lo, po = lse_of(lse, "lse", writable=True)
+    ta, tb, to = va.tensor(), vb.tensor(), vo.tensor()
+    C.check(C.lib.sdpa_merge(ctypes.byref(ta), pa, ctypes.byref(tb), pb, ctypes.byref(to), po),
+            "merge")
+    return out, lse
+
+
 def last_backend():
     """The backend that ran the calling thread's last successful call."""
     name = C.lib.sdpa_last_backend()
@@ -461,7 +508,7 @@ def load_policy(path):
 # The submodules that need torch or diffusers load on first use, so that
 # `import libsdpa` needs numpy only and `libsdpa.diffusers.enable()` works
 # without importing the submodule by hand (PEP 562).
-_LAZY_SUBMODULES = ("diffusers", "torch_ops", "bench")
+_LAZY_SUBMODULES = ("diffusers", "torch_ops", "bench", "distributed")
 
 
 def __getattr__(name):

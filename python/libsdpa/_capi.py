@@ -136,6 +136,8 @@ _PROTOTYPES = {
     "sdpa_forward": (ctypes.c_int, [_p, ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),
                                     ctypes.POINTER(Tensor), ctypes.POINTER(Tensor), _p,
                                     ctypes.POINTER(Params)]),
+    "sdpa_merge": (ctypes.c_int, [ctypes.POINTER(Tensor), _p, ctypes.POINTER(Tensor), _p,
+                                  ctypes.POINTER(Tensor), _p]),
     "sdpa_layer_create": (ctypes.c_int, [_p, ctypes.POINTER(LayerDesc), ctypes.POINTER(_p)]),
     "sdpa_layer_destroy": (None, [_p]),
     "sdpa_layer_forward": (ctypes.c_int, [_p, ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),

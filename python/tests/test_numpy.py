@@ -280,6 +280,7 @@ def test_submodules_are_attributes_loaded_on_first_use():
     except ImportError:
         return  # the submodules need torch: the rest runs where it is installed
     assert libsdpa.torch_ops.__name__ == "libsdpa.torch_ops"
+    assert callable(libsdpa.distributed.attention)
     try:
         import diffusers  # noqa: F401
     except ImportError:
@@ -349,3 +350,27 @@ def test_prepared_calls_repeat_correctly():
         assert libsdpa.get_num_threads() == 1
     finally:
         libsdpa.set_num_threads(None)
+
+
+def test_merge_of_two_key_blocks():
+    """libsdpa.merge (sdpa_merge): attention over two disjoint key blocks,
+    merged, equals attention over all the keys; in place as a running
+    accumulation; a block that saw no key (LSE -inf) is not read."""
+    q = rand((2, 9, 3, 32), np.float32)
+    k, v = rand((2, 30, 3, 32), np.float32), rand((2, 30, 3, 32), np.float32)
+    want, want_lse = reference(q, k, v)
+    oa, la = libsdpa.attention(q, k[:, :11], v[:, :11], return_lse=True)
+    ob, lb = libsdpa.attention(q, k[:, 11:], v[:, 11:], return_lse=True)
+    out, lse = libsdpa.merge(oa, la, ob, lb)
+    np.testing.assert_allclose(out, want, atol=2e-5)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-4)
+    acc, lacc = oa.copy(), la.copy()
+    assert libsdpa.merge(acc, lacc, ob, lb, out=acc, lse=lacc)[0] is acc
+    np.testing.assert_allclose(acc, want, atol=2e-5)
+    empty = np.full_like(la, -np.inf)
+    nan = np.full_like(oa, np.nan)  # never read: its LSE says it saw nothing
+    out, lse = libsdpa.merge(nan, empty, ob, lb)
+    np.testing.assert_array_equal(out, ob)
+    np.testing.assert_array_equal(lse, lb)
+    with pytest.raises(libsdpa.InvalidArgumentError, match="lse_b"):
+        libsdpa.merge(oa, la, ob, lb[:, :, :4])
