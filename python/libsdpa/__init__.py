@@ -143,8 +143,9 @@ class _Call:
         if not allocate:
             return
         shape = (B, Sq, Hq, D) if layout == "bshd" else (B, Hq, Sq, D)
-        if out is None:  # torch: q's strides where q is dense (as _Plan.run allocates)
-            out = sys.modules["torch"].empty_like(q) if self.torch else self._empty(q, shape, None)
+        if out is None:  # torch: q's strides where q is dense (as _prepared allocates)
+            out = (sys.modules["torch"].empty_like(self.q.keep) if self.torch else
+                   self._empty(q, shape, None))
         elif tuple(out.shape) != shape:
             raise InvalidArgumentError(f"out has shape {tuple(out.shape)}, expected {shape}")
         self.out_obj = out

@@ -75,6 +75,9 @@ def view(x, name, layout, writable=False):
     if layout != "bshd" and layout != "bhsd":
         raise C.InvalidArgumentError(f"layout is {layout!r}, expected 'bshd' or 'bhsd'")
     if not isinstance(x, np.ndarray) and is_torch(x):
+        t = _torch()
+        if type(x) is not t.Tensor and type(x) is not t.nn.Parameter:
+            x = _plain_tensor(x, name)
         code = _torch_code(x.dtype, name)
         dev = x.device
         device = (C.DEVICE_CPU, 0) if dev.type == "cpu" else (
@@ -103,6 +106,24 @@ def view(x, name, layout, writable=False):
         return _dlpack_view(x, name, layout)
     raise C.InvalidArgumentError(f"{name} is a {type(x).__name__}, expected a numpy array, a "
                                  "torch tensor or an object with __dlpack__")
+
+
+def _plain_tensor(x, name):
+    """A tensor subclass as a tensor with memory of its own: the result of a
+    functional collective (AsyncCollectiveTensor, which diffusers' context
+    parallelism hands to attention backends) once waited for; any other
+    subclass as it is, if it has a storage. A wrapper subclass without one
+    (DTensor, FakeTensor) is refused: its data_ptr() is not its data (an
+    AsyncCollectiveTensor's said 0 or 16, and the C library crashed)."""
+    if type(x).__name__ == "AsyncCollectiveTensor" and callable(getattr(x, "wait", None)):
+        x = x.wait()
+    try:
+        x.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError) as e:
+        raise C.InvalidArgumentError(
+            f"{name} is a {type(x).__name__} (a tensor subclass) without memory of its own "
+            f"({e}); pass a plain tensor (for a DTensor, its to_local())") from None
+    return x
 
 
 # ---- DLPack (dlpack.h 1.x and the legacy 0.x struct)

@@ -21,8 +21,16 @@ The backend takes diffusers' [B, S, H, D] tensors and every argument
 diffusers passes (so dispatch_attention_fn never drops one): attn_mask
 (boolean or additive; [B, Skv] is a key mask), is_causal, scale,
 enable_gqa, return_lse (diffusers' LSE layout [B, S, H]). It raises for
-what it cannot honour (dropout_p > 0, context parallelism), never
-ignores it.
+what it cannot honour (dropout_p > 0), never ignores it.
+
+Context parallelism: the backend is registered as supporting it, and under
+model.enable_parallelism(ContextParallelConfig(ring_degree=..., ulysses_degree=...))
+diffusers' own templated ring, Ulysses and unified attention run with
+forward_op() below doing each local step on libsdpa (output and LSE in
+diffusers' layouts). Forward only: backward_op() raises. diffusers 0.42's
+enable_parallelism assumes an accelerator (rank % device_count() with no
+GPU is a ZeroDivisionError): enable_parallelism(model, config) below gets
+past it on a CPU, and says how.
 """
 import libsdpa
 
@@ -36,12 +44,14 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     if dropout_p:
         raise libsdpa.InvalidArgumentError(
             f"libsdpa: dropout_p is {dropout_p}, expected 0 (libsdpa runs inference only)")
-    if _parallel_config is not None:
-        raise libsdpa.UnsupportedError("libsdpa: diffusers' context parallelism is not "
-                                       "supported by the libsdpa backend")
     if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape[0] == query.shape[0] \
             and attn_mask.shape[1] == key.shape[1]:
         attn_mask = attn_mask[:, None, None, :]  # [B, Skv] -> [B, 1, 1, Skv], as native does
+    if _parallel_config is not None:  # diffusers' own ring / Ulysses, libsdpa per step
+        from diffusers.models import attention_dispatch as ad
+        return ad._templated_context_parallel_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+            forward_op=forward_op, backward_op=backward_op, _parallel_config=_parallel_config)
     result = libsdpa.attention(query, key, value, attn_mask=attn_mask, is_causal=bool(is_causal),
                                scale=scale, enable_gqa=True if enable_gqa else None,
                                return_lse=return_lse)
@@ -49,6 +59,43 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
         out, lse = result
         return out, lse.transpose(1, 2)  # [B, H, S] -> diffusers' [B, S, H]
     return result
+
+
+def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+               scale=None, enable_gqa=False, return_lse=False, _save_ctx=True,
+               _parallel_config=None):
+    """One local step of diffusers' templated context-parallel attention
+    (the signature of its _native_attention_forward_op): [B, S, H, D] in,
+    out and, with return_lse, the LSE as [B, S, H]. Nothing is saved for a
+    backward pass: there is none."""
+    return attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                     is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                     return_lse=return_lse)
+
+
+def backward_op(ctx, grad_out, *args, **kwargs):
+    """diffusers calls it for gradients through context parallelism:
+    libsdpa has no backward pass, so it says so."""
+    raise libsdpa.UnsupportedError("libsdpa: no backward pass (inference only); train with "
+                                   "another attention backend")
+
+
+def enable_parallelism(model, config):
+    """model.enable_parallelism(config=config), also on a machine without an
+    accelerator: diffusers 0.42 picks each rank's device as
+    `rank % torch.accelerator.device_count()`, a ZeroDivisionError on a
+    CPU-only machine, so while the call runs device_count() says 1 (every
+    rank then names "cpu:0", which CPU tensors are on anyway). With an
+    accelerator it is diffusers' call, unchanged."""
+    import torch
+    if torch.accelerator.device_count() > 0:
+        return model.enable_parallelism(config=config)
+    real = torch.accelerator.device_count
+    torch.accelerator.device_count = lambda: 1
+    try:
+        return model.enable_parallelism(config=config)
+    finally:
+        torch.accelerator.device_count = real
 
 
 def enable(force=False):
@@ -75,5 +122,6 @@ def enable(force=False):
     member = names(NAME)
     if member not in ad._AttentionBackendRegistry._backends:
         ad._AttentionBackendRegistry.register(
-            member, constraints=[ad._check_device, ad._check_shape])(attention)
+            member, constraints=[ad._check_device, ad._check_shape],
+            supports_context_parallel=True)(attention)
     return member
