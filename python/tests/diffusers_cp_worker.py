@@ -1,4 +1,4 @@
-"""Run by test_diffusers_cp.py under torchrun (gloo, CPU): a small
+"""Run by test_torchrun.py under torchrun (gloo, CPU): a small
 FluxTransformer2DModel with the libsdpa attention backend under diffusers'
 own context parallelism (enable_parallelism(ContextParallelConfig(...))),
 against the same model (same seed, same weights) in one process, for each
@@ -13,30 +13,23 @@ torch.accelerator.device_count by a function returning 1 while diffusers'
 enable_parallelism runs (every rank then names device "cpu:0", which is
 what a CPU tensor is on anyway), and nothing else.
 """
+import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 import libsdpa
 import libsdpa.diffusers
 
-dist.init_process_group("gloo")
-rank, size = dist.get_rank(), dist.get_world_size()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workerlib import Checks  # noqa: E402
+
+check = Checks()
+rank, size = check.rank, check.size
 from diffusers import ContextParallelConfig, FluxTransformer2DModel  # noqa: E402
 
 libsdpa.diffusers.enable()
 torch.set_grad_enabled(False)
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL rank {rank}: {what}", flush=True)
 
 
 def model_and_inputs():
@@ -92,9 +85,4 @@ for ring, ulysses in grids:
     if rank == 0:
         print(f"ring {ring} x ulysses {ulysses} on {size} ranks: max |difference| {err:.2e}, "
               f"{steps} local attention steps on libsdpa (rank 0)")
-counts = torch.tensor([passed, failed])
-dist.all_reduce(counts)
-if rank == 0:
-    print(f"{counts[0].item()} passed, {counts[1].item()} failed, 0 skipped (all ranks)")
-dist.destroy_process_group()
-sys.exit(1 if counts[1].item() else 0)
+check.finish()

@@ -1,4 +1,4 @@
-"""Run by test_distributed.py under torchrun (gloo, CPU): every rank checks
+"""Run by test_torchrun.py under torchrun (gloo, CPU): every rank checks
 its rows of libsdpa.distributed.attention against libsdpa.attention on the
 whole tensors (the single-process call), for every grid the world size
 allows (ring, Ulysses, USP), then the refusals. Prints its counts and exits
@@ -12,24 +12,17 @@ import torch.distributed as dist
 import libsdpa
 import libsdpa.distributed as ld
 
-dist.init_process_group("gloo")
-rank, size = dist.get_rank(), dist.get_world_size()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workerlib import Checks  # noqa: E402
+
+check = Checks()
+rank, size = check.rank, check.size
 seed = int(os.environ.get("SDPA_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
 box = torch.tensor([seed], dtype=torch.int64)
 dist.broadcast(box, 0)
 seed = int(box.item())
 if rank == 0:
     print(f"seed {seed} (repeat with SDPA_TEST_SEED={seed}), {size} ranks")
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL rank {rank}: {what}", flush=True)
 
 
 def rows(x, rr):
@@ -120,9 +113,4 @@ except libsdpa.Error as e:
     check(("cpu.nonexistent" in str(e)) if rank == 0 else ("rank 0 failed" in str(e)),
           f"a local failure: {e}")
 
-counts = torch.tensor([passed, failed])
-dist.all_reduce(counts)
-if rank == 0:
-    print(f"{counts[0].item()} passed, {counts[1].item()} failed, 0 skipped (all ranks)")
-dist.destroy_process_group()
-sys.exit(1 if counts[1].item() else 0)
+check.finish()
