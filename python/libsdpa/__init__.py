@@ -186,6 +186,20 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
     seq_len_q / seq_len_kv: real lengths per batch entry (padding);
     key_mask: boolean [B, Skv]. Returns out, or (out, lse) with return_lse.
     """
+    if (type(q) is _fast_tensor_type and layer is None and out is None and attn_mask is None and
+            seq_len_q is None and seq_len_kv is None and key_mask is None and
+            _threads_set is None and _PREPARED):  # the hit path in C (_fastcall.c), first
+        try:
+            state = _tls.state
+        except AttributeError:  # this thread's first call
+            state = None
+        if state is not None and state[0] is _ctx:
+            r = _fastcall.call(state[2], state[3], q, k, v, layout, is_causal, scale, enable_gqa,
+                               return_lse, backend, quant, component)
+            if r is not None:
+                if type(r) is int:
+                    C.check(r)
+                return r
     if layer is not None:
         return layer(q, k, v, layout=layout, is_causal=is_causal, scale=scale,
                      enable_gqa=enable_gqa, return_lse=return_lse, out=out, backend=backend,
@@ -262,13 +276,13 @@ def _prepared(holder, ctx, fn, handle, owner, q, k, v, layout, is_causal, scale,
         key = (q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape,
                v.stride(), layout, is_causal, scale, enable_gqa, return_lse, backend, quant,
                component)
-    try:
-        owner_ctx, plans = holder.state  # one attribute: each costs ~0.1 us on a threading.local
+    try:  # (context, plans, their C form, the context's thread count): one attribute read
+        owner_ctx, plans, cplans, _ = holder.state
     except AttributeError:  # this thread's first call
         owner_ctx = None
-    if owner_ctx is not ctx:  # new thread, or a new context (set_num_threads): a new table
-        plans = {}
-        holder.state = (ctx, plans)
+    if owner_ctx is not ctx:  # new thread, or a new context (set_num_threads): new tables
+        plans, cplans = {}, {}
+        holder.state = (ctx, plans, cplans, ctx.requested)
     plan = plans.get(key)
     if plan is None:
         _refuse_grad(q, k, v)
@@ -278,7 +292,11 @@ def _prepared(holder, ctx, fn, handle, owner, q, k, v, layout, is_causal, scale,
         if call.q.device[0] == C.DEVICE_CPU:
             if len(plans) >= _PLAN_LIMIT:
                 plans.clear()
-            plans[key] = _Plan(call, fn, handle, owner)
+                cplans.clear()
+            plans[key] = plan = _Plan(call, fn, handle, owner)
+            if call.torch and _fastcall is not None:  # the same structs, for the C hit path
+                _fast_setup()
+                cplans[key] = plan.addresses(fn)
         return result
     tq, tk, tv, to, rq, rk, rv, ro, rp, cfn, h, is_torch, shape, lse_shape = plan.parts
     if is_torch:  # out as the first call's: torch.empty_like(q) (see _Call)
@@ -328,8 +346,32 @@ class _Plan:
         # the params' strings and the owner of the handle (context or Layer) live as long as this
         self.keep = (call.params, call._strings, owner)
 
+    def addresses(self, fn):
+        """The plan as _fastcall.call reads it: (function, handle, the four
+        tensor structs, the params, the LSE's shape or None), as integers;
+        valid while this plan lives (the tables drop both together)."""
+        tq, tk, tv, to, _, _, _, _, _, _, h, _, _, lse_shape = self.parts
+        return (ctypes.cast(fn, ctypes.c_void_p).value, h.value, ctypes.addressof(tq),
+                ctypes.addressof(tk), ctypes.addressof(tv), ctypes.addressof(to),
+                ctypes.addressof(self.keep[0]), lse_shape)
+
 
 _GENERAL = object()  # _prepared's answer: take the general path
+
+try:  # the hit path in C, built into the wheel (a source tree without it uses Python's)
+    from . import _fastcall
+except ImportError:
+    _fastcall = None
+_fast_tensor_type = None  # torch.Tensor once _fastcall knows torch
+
+
+def _fast_setup():
+    global _fast_tensor_type
+    if _fast_tensor_type is None:
+        torch = sys.modules["torch"]
+        _fastcall.setup(torch.Tensor, torch.is_grad_enabled, torch.empty_like, torch.empty,
+                        torch.float32, torch.get_num_threads)
+        _fast_tensor_type = torch.Tensor
 
 
 def _refuse_grad(*xs):
@@ -414,6 +456,18 @@ class Layer:
                  seq_len_kv=None, key_mask=None):
         if (out is None and attn_mask is None and seq_len_q is None and seq_len_kv is None and
                 key_mask is None and _PREPARED):  # as attention(): prepared structs
+            if type(q) is _fast_tensor_type:  # the hit path in C, as attention()
+                try:
+                    owner_ctx, _, cplans, _ = self._tls.state
+                except AttributeError:
+                    owner_ctx = None
+                if owner_ctx is self._ctx:  # a Layer keeps its context: no thread check
+                    r = _fastcall.call(cplans, None, q, k, v, layout, is_causal, scale,
+                                       enable_gqa, return_lse, backend, None, None)
+                    if r is not None:
+                        if type(r) is int:
+                            C.check(r)
+                        return r
             r = _prepared(self._tls, self._ctx, C.lib.sdpa_layer_forward, self.handle, None, q,
                           k, v, layout, is_causal, scale, enable_gqa, return_lse, backend, None,
                           None)

@@ -131,8 +131,9 @@ def bench_calls(args, n=1000):
     Layer on the same torch tensors (and on numpy arrays), each arm n calls
     per round, rounds interleaved; plus where a libsdpa call's time goes: the
     same call through the general path (views and structs built per call,
-    as every call did before prepared calls), and the parts of a prepared
-    call measured alone."""
+    as every call did before prepared calls), through the prepared call's
+    Python hit path (what a source tree without _fastcall runs), and the
+    parts of a prepared call measured alone."""
     import ctypes
     import numpy as np
     info = libsdpa.info()
@@ -163,6 +164,13 @@ def bench_calls(args, n=1000):
             finally:
                 libsdpa._PREPARED = True
 
+        def python_hit_path():  # the prepared call without the C module (a source tree)
+            fast, libsdpa._fast_tensor_type = libsdpa._fast_tensor_type, None
+            try:
+                libsdpa.attention(q, k, v, layout="bhsd")
+            finally:
+                libsdpa._fast_tensor_type = fast
+
         def signature():  # the key _prepared builds for a torch call
             return (q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape,
                     v.stride(), "bhsd", False, None, None, False, None, None, None)
@@ -180,7 +188,8 @@ def bench_calls(args, n=1000):
             "Layer": lambda: layer(q, k, v, layout="bhsd"),
             "libsdpa.attention (numpy)": lambda: libsdpa.attention(qn, kn, vn),
             "general path": general,
-            "part: signature": signature,
+            "Python hit path": python_hit_path,
+            "part: signature (Python)": signature,
             "part: output alloc": lambda: torch.empty_like(q),
             "part: C call (ctypes)": lambda: cfn(handle, rq, rk, rv, ro, None, rp),
         }

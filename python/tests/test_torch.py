@@ -4,6 +4,8 @@ is_causal) and bottom-right (an explicit tril mask); custom scale; peaked
 logits; LSE against aten::_scaled_dot_product_flash_attention_for_cpu;
 every present CPU backend; views of torch tensors without copies; the
 custom op under torch.compile(fullgraph=True)."""
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -113,10 +115,19 @@ def test_grad_and_device_errors():
         libsdpa.attention(q.detach().double(), q.detach(), q.detach())
 
 
-def test_prepared_calls_repeat_correctly():
+@pytest.mark.parametrize("path", ["C", "Python"])
+def test_prepared_calls_repeat_correctly(path, monkeypatch):
     """Repeated calls of one signature (libsdpa._Plan) read each call's
     tensors and return a fresh output each time, for attention and a Layer,
-    with and without the LSE; other dtypes of k are refused, not misread."""
+    with and without the LSE; other dtypes of k are refused, not misread.
+    Both hit paths: C (_fastcall, in every wheel) and Python (a source tree)."""
+    if path == "C":
+        if libsdpa._fastcall is None:
+            assert os.environ.get("SDPA_LIBRARY"), "the installed package lacks _fastcall"
+            pytest.skip("a source tree without the built _fastcall module")
+    else:
+        monkeypatch.setattr(libsdpa, "_fastcall", None)
+        monkeypatch.setattr(libsdpa, "_fast_tensor_type", None)
     layer = libsdpa.Layer("prepared.torch")
     for dtype in (torch.float32, torch.bfloat16):
         tol = 2e-5 if dtype == torch.float32 else 2e-2
@@ -136,6 +147,27 @@ def test_prepared_calls_repeat_correctly():
     libsdpa.attention(q, q, q)
     with pytest.raises(libsdpa.InvalidArgumentError, match="dtype"):
         libsdpa.attention(q, q.to(torch.bfloat16), q)
+    # a scoped override reaches a prepared call (C never caches one), and a failing status
+    # from C comes back as the exception with the library's message
+    with libsdpa.backend("ref"):
+        libsdpa.attention(q, q, q)
+        assert libsdpa.last_backend() == "ref"
+    with libsdpa.backend("cuda.unfused"):
+        with pytest.raises(libsdpa.Error, match="cuda.unfused"):
+            libsdpa.attention(q, q, q)
+    threads = torch.get_num_threads()  # the context follows torch's thread count, either path
+    torch.set_num_threads(1)
+    try:
+        libsdpa.attention(q, q, q)
+        libsdpa.attention(q, q, q)
+        assert libsdpa.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    libsdpa.attention(q, q, q)
+    assert libsdpa.get_num_threads() == max(1, threads)
+    q.requires_grad_(True)  # after plans exist: still refused, on either path
+    with pytest.raises(libsdpa.InvalidArgumentError, match="no_grad"):
+        libsdpa.attention(q, q, q)
 
 
 def test_dlpack_producer():
