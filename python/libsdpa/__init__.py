@@ -205,10 +205,7 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
                      enable_gqa=enable_gqa, return_lse=return_lse, out=out, backend=backend,
                      attn_mask=attn_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                      key_mask=key_mask)
-    ctx, torch = _ctx, sys.modules.get("torch")  # _context(), inlined: this is every call's cost
-    if ctx is None or ctx.requested != (_threads_set if _threads_set is not None else
-                                        max(1, torch.get_num_threads()) if torch else 0):
-        ctx = _context()
+    ctx = _context()
     if (out is None and attn_mask is None and seq_len_q is None and seq_len_kv is None and
             key_mask is None and _PREPARED):  # its prepared structs, if seen before
         r = _prepared(_tls, ctx, C.lib.sdpa_forward, ctx.handle, ctx, q, k, v, layout,
@@ -235,7 +232,7 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
 _PLAN_LIMIT = 64  # signatures kept per thread (and per Layer); the table is cleared when full
 _PREPARED = True  # False: every call takes the general path (the benchmark's "before" arm)
 _tls = threading.local()
-# sdpa_forward and sdpa_layer_forward without argtypes, for _Plan.run
+# sdpa_forward and sdpa_layer_forward without argtypes, for _prepared's Python hit path
 _UNTYPED = {f.__name__: ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(f, ctypes.c_void_p).value)
             for f in (C.lib.sdpa_forward, C.lib.sdpa_layer_forward)}
 

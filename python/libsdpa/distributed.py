@@ -218,7 +218,7 @@ def attention(q, k, v, *, group=None, ulysses=1, is_causal=False, zigzag=False, 
 
 def _group_ranges(grid, rr, r):
     """Ring group r's row ranges, range-major: its members' part of range 0
-    one after the other, then of range 1; and which member has which rows."""
+    one after the other, then of range 1: (first global row, rows) per range."""
     U = grid.U
     nseg = len(rr[r * U])
     segs = []
