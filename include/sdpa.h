@@ -479,6 +479,40 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
                          const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                          const sdpa_params *params);
 
+/*
+ * The backward pass of one sdpa_forward call: from dout = dL/d(out), the
+ * gradients dq = dL/dq, dk = dL/dk and dv = dL/dv.
+ *
+ *   q, k, v   the forward's inputs, as passed to it
+ *   out       the forward's output, as it returned it (any dtype, strided)
+ *   lse       the forward's LSE [B, Hq, Sq] float32 (required: the softmax
+ *             is recomputed block by block from q, k and it, so no
+ *             Sq x Skv buffer exists)
+ *   dout      [B, Sq, Hq, D]  any dtype, strided
+ *   dq        [B, Sq, Hq, D], dk and dv [B, Skv, Hkv, D]: outputs of any
+ *             dtype, strided, every element written (fp32 accumulation,
+ *             converted on store)
+ *   params    the forward's: scale, causal, mask; deterministic; backend,
+ *             layer_name, component, quant choose and name as for the forward
+ *
+ * Grouped-query: dk and dv of a KV head sum over the query heads that read
+ * it. Masks carry no gradient (an additive mask is a constant). A key that
+ * no query may see gets zero dk and dv, a query row that sees no key (or a
+ * padding row) zero dq. dq, dk, dv must not overlap each other or any
+ * input. Dispatch, explain and latch work as for the forward; a backend
+ * takes part only where it declares a backward pass
+ * (sdpa_backend_info.backward), and rules may match on it (`pass backward`).
+ * deterministic = 1: only backends whose gradients are bitwise identical
+ * for identical inputs whatever the thread count (every CPU backward here).
+ * Errors as sdpa_forward's; on INVALID_ARGUMENT nothing is written, and a
+ * backend allocates before it writes, so OUT_OF_MEMORY leaves the outputs
+ * as they were too.
+ */
+sdpa_status sdpa_backward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                          const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
+                          const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
+                          sdpa_tensor *dv, const sdpa_params *params);
+
 /* Name of the backend that ran the last successful call on this thread. */
 const char *sdpa_last_backend(void);
 
@@ -564,7 +598,16 @@ sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tens
                         const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                         const sdpa_params *params);
 
-/* Whether the layer has latched `backend` off (1) or not (0). */
+/* As sdpa_backward, with the layer's choice, cache and latch (a backend
+ * latched off for the layer's backward pass stays on for its forward, and
+ * the other way round). */
+sdpa_status sdpa_layer_backward(sdpa_layer *layer, const sdpa_tensor *q, const sdpa_tensor *k,
+                                const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
+                                const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
+                                sdpa_tensor *dv, const sdpa_params *params);
+
+/* Whether the layer has latched `backend` off (1), for its forward or its
+ * backward pass, or not (0). */
 int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend);
 
 /* ---------------------------------------------------------------- explain */
@@ -581,6 +624,7 @@ typedef struct sdpa_call_desc {
     const char *component; /* or NULL */
     const char *quant;     /* or NULL */
     unsigned mask;         /* SDPA_MASK_KIND_* the call carries; 0: none */
+    int backward;          /* 1: the backward pass (sdpa_backward) */
 } sdpa_call_desc;
 
 #define SDPA_MAX_CANDIDATES 16
@@ -676,6 +720,7 @@ typedef struct sdpa_backend_info {
     int product_bits;       /* significand bits of the operands of both
                              * products: 0 = the input dtype's (f32 inputs
                              * get fp32 products), 8 = rounded to bf16      */
+    int backward;           /* 1: has a backward pass (sdpa_backward)       */
     int present;            /* can run on this machine                      */
     char why_absent[160];   /* if not present                               */
     const char *version;

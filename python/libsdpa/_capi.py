@@ -89,7 +89,7 @@ class CallDesc(ctypes.Structure):
                 ("Hq", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("D", ctypes.c_int64),
                 ("causal", ctypes.c_int), ("want_lse", ctypes.c_int),
                 ("deterministic", ctypes.c_int), ("backend", _s), ("component", _s),
-                ("quant", _s), ("mask", ctypes.c_uint)]
+                ("quant", _s), ("mask", ctypes.c_uint), ("backward", ctypes.c_int)]
 
 
 class LayerDesc(ctypes.Structure):
@@ -136,6 +136,10 @@ _PROTOTYPES = {
     "sdpa_forward": (ctypes.c_int, [_p, ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),
                                     ctypes.POINTER(Tensor), ctypes.POINTER(Tensor), _p,
                                     ctypes.POINTER(Params)]),
+    "sdpa_backward": (ctypes.c_int, [_p] + [ctypes.POINTER(Tensor)] * 4 +
+                      [_p] + [ctypes.POINTER(Tensor)] * 4 + [ctypes.POINTER(Params)]),
+    "sdpa_layer_backward": (ctypes.c_int, [_p] + [ctypes.POINTER(Tensor)] * 4 +
+                            [_p] + [ctypes.POINTER(Tensor)] * 4 + [ctypes.POINTER(Params)]),
     "sdpa_merge": (ctypes.c_int, [ctypes.POINTER(Tensor), _p, ctypes.POINTER(Tensor), _p,
                                   ctypes.POINTER(Tensor), _p]),
     "sdpa_layer_create": (ctypes.c_int, [_p, ctypes.POINTER(LayerDesc), ctypes.POINTER(_p)]),

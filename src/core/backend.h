@@ -13,6 +13,8 @@
  *   prepare(call)   optional: build now what run(call) would build first
  *                   (cuDNN execution plans), touching no tensor data.
  *                   Same status meanings as run.
+ *   backward(call)  optional: the gradients (sdpa_backward), where
+ *                   caps.backward says it has them. Same status meanings.
  *
  * The capability table is checked by sdpa__backend_accepts first, so
  * every backend refuses the same things with the same words.
@@ -37,6 +39,8 @@ typedef struct sdpa_caps {
                             * 0 = the input dtype's (exact conversion to
                             * fp32, or tensor cores on the input type), 8 =
                             * rounded to bf16 (cpu.amx, whatever the input) */
+    unsigned char backward; /* has a backward pass (sdpa_backend.backward), with
+                             * the same dtypes, head dims, masks and flags   */
 } sdpa_caps;
 
 struct sdpa_backend {
@@ -53,6 +57,9 @@ struct sdpa_backend {
                  char *why, size_t n); /* NULL: the caps say it all */
     sdpa_status (*run)(const sdpa_backend *self, const sdpa_call *call);
     sdpa_status (*prepare)(const sdpa_backend *self, const sdpa_call *call); /* NULL: none */
+    /* The backward pass (call->desc.backward, the sdpa_call's gradient
+     * fields); NULL exactly when caps.backward is 0. */
+    sdpa_status (*backward)(const sdpa_backend *self, const sdpa_call *call);
     void *state; /* for backends made at run time (tests' scripted ones) */
     /* NULL when the kernel is in this build; else why not ("OpenBLAS was
      * not found at build time"): the descriptor stays, never present. */

@@ -71,6 +71,11 @@ typedef struct sdpa_call {
     struct sdpa_pool *pool;
     unsigned cpu_features; /* SDPA_CPU_* usable on this machine (after SDPA_MAX_ISA) */
     int cuda_flash_variant; /* the context's SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
+    /* A backward call (desc.backward = 1, sdpa__call_prepare_backward):
+     * out and lse are the forward's results and only read; dout is the
+     * output's gradient, dq, dk, dv receive the inputs'. NULL otherwise. */
+    const sdpa_tensor *dout;
+    sdpa_tensor *dq, *dk, *dv;
 } sdpa_call;
 
 /*
@@ -88,6 +93,16 @@ int sdpa__overlaps(const void *a, int64_t na, const void *b, int64_t nb);
 sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                                const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                                const sdpa_params *params, sdpa_call *call);
+
+/* The same for a backward call (sdpa_backward's arguments): the forward's
+ * checks on q, k, v, out, lse and the mask, then dout, dq, dk, dv (sizes,
+ * devices, no overlap between the gradients and anything else); lse is
+ * required. */
+sdpa_status sdpa__call_prepare_backward(const sdpa_tensor *q, const sdpa_tensor *k,
+                                        const sdpa_tensor *v, const sdpa_tensor *out,
+                                        const float *lse, const sdpa_tensor *dout,
+                                        sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
+                                        const sdpa_params *params, sdpa_call *call);
 
 /* "seq_len+key" for SDPA_MASK_KIND_* bits, "none" for 0. */
 void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n);

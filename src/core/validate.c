@@ -317,6 +317,7 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
 
     /* every field set, no memset: a rep stos of the whole struct was 3% of a one-token call */
     call->pool = NULL, call->cpu_features = 0, call->cuda_flash_variant = 0;
+    call->dout = NULL, call->dq = call->dk = call->dv = NULL;
     call->q = q, call->k = k, call->v = v, call->out = out, call->lse = lse;
     call->mask = kinds ? params->mask : NULL;
     call->scale = params->scale != 0.0 ? params->scale : 1.0 / sqrt((double)q->size[3]);
@@ -335,6 +336,81 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
     d->component = params->component;
     d->quant = params->quant;
     d->mask = kinds;
+    d->backward = 0;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__call_prepare_backward(const sdpa_tensor *q, const sdpa_tensor *k,
+                                        const sdpa_tensor *v, const sdpa_tensor *out,
+                                        const float *lse, const sdpa_tensor *dout,
+                                        sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
+                                        const sdpa_params *params, sdpa_call *call)
+{
+    if (!lse)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "lse is NULL, expected the forward's log-sum-exp [B, Hq, Sq] float32");
+    /* The forward's checks; out is read here, but the forward wrote it, so
+     * it is a valid output view, separate from q, k, v and lse. */
+    sdpa_status st = sdpa__call_prepare(q, k, v, (sdpa_tensor *)out, (float *)lse, params, call);
+    if (st != SDPA_OK)
+        return st;
+    const sdpa_tensor *in[5] = {q, k, v, out, dout};
+    static const char *in_names[5] = {"q", "k", "v", "out", "dout"};
+    sdpa_tensor *grad[3] = {dq, dk, dv};
+    static const char *grad_names[3] = {"dq", "dk", "dv"};
+    const sdpa_tensor *like[3] = {q, k, k}; /* the sizes each gradient has */
+    int64_t in_span[5], grad_span[3];
+    for (int i = 0; i < 4; i++) /* checked above; their extents again */
+        if ((st = sdpa__check_tensor(in[i], in_names[i], i == 3, &in_span[i])) != SDPA_OK)
+            return st;
+    if ((st = sdpa__check_tensor(dout, "dout", 0, &in_span[4])) != SDPA_OK)
+        return st;
+    for (int i = 0; i < 3; i++)
+        if ((st = sdpa__check_tensor(grad[i], grad_names[i], 1, &grad_span[i])) != SDPA_OK)
+            return st;
+    for (int i = 0; i < 4; i++) {
+        const sdpa_tensor *t = i == 0 ? dout : grad[i - 1];
+        const sdpa_tensor *ref = i == 0 ? q : like[i - 1];
+        const char *name = i == 0 ? "dout" : grad_names[i - 1];
+        for (int d = 0; d < 4; d++)
+            if (t->size[d] != ref->size[d])
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "%s sizes are [%lld, %lld, %lld, %lld], expected %s's [%lld, "
+                                  "%lld, %lld, %lld]",
+                                  name, (long long)t->size[0], (long long)t->size[1],
+                                  (long long)t->size[2], (long long)t->size[3],
+                                  ref == q ? "q" : "k", (long long)ref->size[0],
+                                  (long long)ref->size[1], (long long)ref->size[2],
+                                  (long long)ref->size[3]);
+        if (t->device.kind != q->device.kind || t->device.ordinal != q->device.ordinal)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s is on device %d:%d, expected q's device %d:%d", name,
+                              (int)t->device.kind, t->device.ordinal, (int)q->device.kind,
+                              q->device.ordinal);
+        if ((uintptr_t)t->data & (sdpa_dtype_size(t->dtype) - 1))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s->data is not aligned to its %zu-byte elements", name,
+                              sdpa_dtype_size(t->dtype));
+    }
+    const int64_t lse_bytes = q->size[0] * q->size[2] * q->size[1] * (int64_t)sizeof(float);
+    for (int g = 0; g < 3; g++) {
+        for (int i = 0; i < 5; i++)
+            if (sdpa__overlaps(grad[g]->data, grad_span[g], in[i]->data, in_span[i]))
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "%s overlaps %s in memory, expected separate buffers",
+                                  grad_names[g], in_names[i]);
+        if (sdpa__overlaps(grad[g]->data, grad_span[g], lse, lse_bytes))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "%s overlaps lse in memory, expected separate buffers",
+                              grad_names[g]);
+        for (int h = 0; h < g; h++)
+            if (sdpa__overlaps(grad[g]->data, grad_span[g], grad[h]->data, grad_span[h]))
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "%s overlaps %s in memory, expected separate buffers",
+                                  grad_names[g], grad_names[h]);
+    }
+    call->dout = dout, call->dq = dq, call->dk = dk, call->dv = dv;
+    call->desc.backward = 1;
     return SDPA_OK;
 }
 
@@ -361,6 +437,9 @@ sdpa_status sdpa__desc_validate(const sdpa_call_desc *d)
     if ((unsigned)d->causal > SDPA_CAUSAL_BOTTOM_RIGHT)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->causal is %d, expected 0, 1 or 2",
                           (int)d->causal);
+    if (d->backward != 0 && d->backward != 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->backward is %d, expected 0 or 1",
+                          d->backward);
     if (d->mask & ~(unsigned)(SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL))
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
                           "desc->mask is 0x%x, expected SDPA_MASK_KIND_* bits", d->mask);

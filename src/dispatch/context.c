@@ -61,6 +61,7 @@ sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_in
     out->masks = b->caps.masks;
     out->min_cc = b->caps.min_cc;
     out->product_bits = b->caps.product_bits;
+    out->backward = b->caps.backward;
     out->present = ctx->present[index];
     sdpa__strlcpy(out->why_absent, ctx->why_absent[index], sizeof out->why_absent);
     out->version = b->version;

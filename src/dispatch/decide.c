@@ -43,7 +43,8 @@ void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n)
     char mask[48];
     sdpa__mask_kinds_name(d->mask, mask, sizeof mask);
     snprintf(buf, n,
-             "%s %s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld causal=%s lse=%s%s%s%s",
+             "%s%s %s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld causal=%s lse=%s%s%s%s",
+             d->backward ? "backward " : "",
              d->device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", sdpa_dtype_name(d->dtype),
              (long long)d->B, (long long)d->Sq, (long long)d->Skv, (long long)d->Hq,
              (long long)d->Hkv, (long long)d->D, sdpa_causal_name(d->causal),
@@ -342,11 +343,12 @@ static char *explain_json(const sdpa_context *ctx, const sdpa_call_desc *d,
     sdpa__sb_printf(&sb,
                     ",\"call\":{\"device\":\"%s\",\"dtype\":\"%s\",\"B\":%lld,\"Sq\":%lld,"
                     "\"Skv\":%lld,\"Hq\":%lld,\"Hkv\":%lld,\"D\":%lld,\"causal\":\"%s\","
-                    "\"lse\":%s,\"deterministic\":%s,\"component\":",
+                    "\"lse\":%s,\"deterministic\":%s,\"backward\":%s,\"component\":",
                     d->device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", sdpa_dtype_name(d->dtype),
                     (long long)d->B, (long long)d->Sq, (long long)d->Skv, (long long)d->Hq,
                     (long long)d->Hkv, (long long)d->D, sdpa_causal_name(d->causal),
-                    d->want_lse ? "true" : "false", d->deterministic ? "true" : "false");
+                    d->want_lse ? "true" : "false", d->deterministic ? "true" : "false",
+                    d->backward ? "true" : "false");
     json_string_or_null(&sb, d->component);
     sdpa__sb_printf(&sb, ",\"quant\":");
     json_string_or_null(&sb, d->quant);

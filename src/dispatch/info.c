@@ -30,7 +30,7 @@ static void probe_decision(sdpa_context *ctx, const char **backend, const char *
                            char *rule, size_t n, sdpa_decision *dec)
 {
     sdpa_call_desc probe = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
-                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0};
+                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0, 0};
     *backend = NULL, *source = "", rule[0] = '\0';
     if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0) {
         *backend = dec->candidates[0];

@@ -23,7 +23,7 @@ struct sdpa_layer {
     char quant[32];
     int has_choice;
     sdpa_choice choice;          /* levels 1-4, captured at creation */
-    _Atomic uint64_t latched;    /* bit per backend index */
+    _Atomic uint64_t latched[2]; /* bit per backend index: forward, backward */
     char who[112];               /* "layer 'NAME'", for the decision log */
     sdpa_decision_cache cache;
 };
@@ -53,6 +53,8 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
                                   int warmup)
 {
     const char *when = warmup ? "at warm-up" : "at run time";
+    const int pass = call->desc.backward; /* which latch, which entry point */
+    const char *what = pass ? "backward pass" : "call";
     const int fixed = source <= SDPA_SOURCE_ENVIRONMENT;
     char skipped[512] = "";
     int n_absent = 0;
@@ -64,7 +66,7 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
     for (int k = 0; k < n; k++) {
         const int b = cand[k];
         const sdpa_backend *be = ctx->backends[b];
-        if (layer && (atomic_load_explicit(&layer->latched, memory_order_relaxed) >> b) & 1u) {
+        if (layer && (atomic_load_explicit(&layer->latched[pass], memory_order_relaxed) >> b) & 1u) {
             note(skipped, sizeof skipped, be->name, "latched off");
             continue;
         }
@@ -75,7 +77,10 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
             note(skipped, sizeof skipped, be->name, ctx->why_absent[b]);
             continue;
         }
-        st = !warmup ? be->run(be, call) : be->prepare ? be->prepare(be, call) : SDPA_OK;
+        st = pass      ? be->backward(be, call)
+             : !warmup ? be->run(be, call)
+             : be->prepare ? be->prepare(be, call)
+                           : SDPA_OK;
         if (st == SDPA_OK) {
             sdpa__set_last_backend(be->name);
             sdpa__clear_error();
@@ -88,23 +93,24 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
         note(skipped, sizeof skipped, be->name, reason);
         if (layer) {
             uint64_t bit = 1ull << b;
-            uint64_t old = atomic_fetch_or(&layer->latched, bit);
+            uint64_t old = atomic_fetch_or(&layer->latched[pass], bit);
             if (!(old & bit))
                 sdpa__log(&ctx->log, SDPA_LOG_WARN,
-                          "layer '%s': backend %s refused the call %s (%s); latched off "
-                          "for this layer, running the next candidate",
-                          layer_name, be->name, when, reason);
+                          "layer '%s': backend %s refused the %s %s (%s); latched off "
+                          "for this layer's %s, running the next candidate",
+                          layer_name, be->name, what, when, reason,
+                          pass ? "backward pass" : "forward calls");
         } else {
             sdpa__log(&ctx->log, SDPA_LOG_INFO,
-                      "%s: backend %s refused the call %s (%s); running the next "
+                      "%s: backend %s refused the %s %s (%s); running the next "
                       "candidate",
-                      layer_name, be->name, when, reason);
+                      layer_name, be->name, what, when, reason);
         }
     }
     /* Only absent backends: nothing here can run it. Otherwise the call
      * itself is what the candidates refused. */
     return sdpa__fail(n_absent == n ? SDPA_NOT_AVAILABLE : SDPA_UNSUPPORTED,
-                      "%s: no candidate could run the call (%s)", layer_name,
+                      "%s: no candidate could run the %s (%s)", layer_name, what,
                       skipped[0] ? skipped : "no candidates");
 }
 
@@ -123,6 +129,23 @@ static sdpa_status decide_and_run(sdpa_context *ctx, sdpa_layer *layer, const ch
     return run_candidates(ctx, layer, name, call, cand, dec.n_candidates, dec.source, warmup);
 }
 
+/* A prepared call (forward, warm-up or backward) through the context's
+ * one-shot decisions. */
+static sdpa_status context_run(sdpa_context *ctx, sdpa_call *call, const char *name, int warmup)
+{
+    /* per-call explicit choices and scoped overrides: decided fresh, never
+     * cached (decision_cache.h says why) */
+    if (call->desc.backend || sdpa_override_current())
+        return decide_and_run(ctx, NULL, name, call, warmup);
+    sdpa_cached_decision e;
+    sdpa_status st = sdpa__cached_decide(ctx, &ctx->oneshot, &call->desc, NULL, name, &e);
+    if (st != SDPA_OK)
+        return st;
+    if (e.status != SDPA_OK)
+        return sdpa__fail(e.status, "%s: %s", name, e.error);
+    return run_candidates(ctx, NULL, name, call, e.cand, e.n, e.source, warmup);
+}
+
 static sdpa_status context_call(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                                 const sdpa_params *params, int warmup)
@@ -136,16 +159,7 @@ static sdpa_status context_call(sdpa_context *ctx, const sdpa_tensor *q, const s
     const char *name = params && params->layer_name ? params->layer_name
                        : warmup                     ? "sdpa_warmup"
                                                     : "sdpa_forward";
-    /* per-call explicit choices and scoped overrides: decided fresh, never
-     * cached (decision_cache.h says why) */
-    if (call.desc.backend || sdpa_override_current())
-        return decide_and_run(ctx, NULL, name, &call, warmup);
-    sdpa_cached_decision e;
-    if ((st = sdpa__cached_decide(ctx, &ctx->oneshot, &call.desc, NULL, name, &e)) != SDPA_OK)
-        return st;
-    if (e.status != SDPA_OK)
-        return sdpa__fail(e.status, "%s: %s", name, e.error);
-    return run_candidates(ctx, NULL, name, &call, e.cand, e.n, e.source, warmup);
+    return context_run(ctx, &call, name, warmup);
 }
 
 sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -160,6 +174,22 @@ sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tens
                         const sdpa_params *params)
 {
     return context_call(ctx, q, k, v, out, lse, params, 1);
+}
+
+sdpa_status sdpa_backward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                          const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
+                          const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
+                          sdpa_tensor *dv, const sdpa_params *params)
+{
+    if (!ctx)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
+    sdpa_call call;
+    sdpa_status st =
+        sdpa__call_prepare_backward(q, k, v, out, lse, dout, dq, dk, dv, params, &call);
+    if (st != SDPA_OK)
+        return st;
+    return context_run(ctx, &call,
+                       params && params->layer_name ? params->layer_name : "sdpa_backward", 0);
 }
 
 /* ---- layers */
@@ -213,7 +243,31 @@ int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend)
     if (!layer || !backend)
         return 0;
     int b = sdpa__ctx_find(layer->ctx, backend);
-    return b >= 0 && ((atomic_load(&layer->latched) >> b) & 1u);
+    return b >= 0 && (((atomic_load(&layer->latched[0]) | atomic_load(&layer->latched[1])) >> b) &
+                      1u);
+}
+
+/* A prepared call (forward, warm-up or backward) through the layer. */
+static sdpa_status layer_run(sdpa_layer *l, sdpa_call *call, int warmup)
+{
+    call->desc.component = l->component[0] ? l->component : NULL;
+    call->desc.quant = l->quant[0] ? l->quant : NULL;
+    if (call->desc.backend) /* per-call explicit choice: not cached */
+        return decide_and_run(l->ctx, l, l->name, call, warmup);
+    /* A scoped override on the calling thread belongs to that thread: it
+     * beats everything but the layer's own backend, and its decision is
+     * never written to the cache the layer's other callers read. */
+    const int own_backend = l->has_choice && l->choice.source == SDPA_SOURCE_EXPLICIT;
+    if (!own_backend && sdpa_override_current())
+        return decide_and_run(l->ctx, l, l->name, call, warmup);
+    sdpa_cached_decision e;
+    sdpa_status st = sdpa__cached_decide(l->ctx, &l->cache, &call->desc,
+                                         l->has_choice ? &l->choice : NULL, l->who, &e);
+    if (st != SDPA_OK)
+        return st;
+    if (e.status != SDPA_OK)
+        return sdpa__fail(e.status, "layer '%s': %s", l->name, e.error);
+    return run_candidates(l->ctx, l, l->name, call, e.cand, e.n, e.source, warmup);
 }
 
 static sdpa_status layer_call(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -226,23 +280,7 @@ static sdpa_status layer_call(sdpa_layer *l, const sdpa_tensor *q, const sdpa_te
     sdpa_status st = sdpa__call_prepare(q, k, v, out, lse, params, &call);
     if (st != SDPA_OK)
         return st;
-    call.desc.component = l->component[0] ? l->component : NULL;
-    call.desc.quant = l->quant[0] ? l->quant : NULL;
-    if (call.desc.backend) /* per-call explicit choice: not cached */
-        return decide_and_run(l->ctx, l, l->name, &call, warmup);
-    /* A scoped override on the calling thread belongs to that thread: it
-     * beats everything but the layer's own backend, and its decision is
-     * never written to the cache the layer's other callers read. */
-    const int own_backend = l->has_choice && l->choice.source == SDPA_SOURCE_EXPLICIT;
-    if (!own_backend && sdpa_override_current())
-        return decide_and_run(l->ctx, l, l->name, &call, warmup);
-    sdpa_cached_decision e;
-    if ((st = sdpa__cached_decide(l->ctx, &l->cache, &call.desc, l->has_choice ? &l->choice : NULL,
-                                  l->who, &e)) != SDPA_OK)
-        return st;
-    if (e.status != SDPA_OK)
-        return sdpa__fail(e.status, "layer '%s': %s", l->name, e.error);
-    return run_candidates(l->ctx, l, l->name, &call, e.cand, e.n, e.source, warmup);
+    return layer_run(l, &call, warmup);
 }
 
 sdpa_status sdpa_layer_forward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -257,4 +295,19 @@ sdpa_status sdpa_layer_warmup(sdpa_layer *l, const sdpa_tensor *q, const sdpa_te
                               const sdpa_params *params)
 {
     return layer_call(l, q, k, v, out, lse, params, 1);
+}
+
+sdpa_status sdpa_layer_backward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
+                                const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
+                                const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
+                                sdpa_tensor *dv, const sdpa_params *params)
+{
+    if (!l)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "layer is NULL, expected a layer handle");
+    sdpa_call call;
+    sdpa_status st =
+        sdpa__call_prepare_backward(q, k, v, out, lse, dout, dq, dk, dv, params, &call);
+    if (st != SDPA_OK)
+        return st;
+    return layer_run(l, &call, 0);
 }

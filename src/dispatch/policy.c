@@ -13,7 +13,10 @@
  *     try         cuda.cudnn cuda.flash cuda.unfused
  *     evidence    B200, 11 diffusion shapes: cuDNN 1.1-1.3x over flash
  *
- * Lines starting with '#' are comments. Absent conditions match anything.
+ * Lines starting with '#' are comments. Absent conditions match anything,
+ * but for `pass`: a rule without it matches forward calls only (its
+ * evidence measured forward calls), `pass backward` backward calls
+ * (sdpa_backward), `pass forward backward` both.
  * Every rule needs `try` and `evidence`. Ranges: N, N-M, >=N, <=N, >N, <N;
  * compute capabilities as X.Y or X.x (any minor).
  */
@@ -215,6 +218,13 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
                             w[i], "");
             r->masks |= kind ? kind << 1 : 1u;
         }
+    } else if (strcmp(key, "pass") == 0) {
+        r->pass = 0;
+        for (int i = 0; i < n; i++) {
+            if (strcmp(w[i], "forward") && strcmp(w[i], "backward"))
+                return perr(ps, "pass '%s' unknown, expected forward or backward%s", w[i], "");
+            r->pass |= w[i][0] == 'f' ? 1 : 2;
+        }
     } else if (strcmp(key, "lse") == 0 || strcmp(key, "deterministic") == 0 ||
                strcmp(key, "same_seq") == 0 || strcmp(key, "same_heads") == 0) {
         int *dst = key[0] == 'l' ? &r->lse
@@ -254,8 +264,8 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             i++;
         if (i == 6)
             return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, dtype, causal, "
-                            "mask, lse, deterministic, quant, component, B, Sq, Skv, Hq, Hkv, D, "
-                            "same_seq, same_heads, try, evidence, source or claim)%s",
+                            "mask, pass, lse, deterministic, quant, component, B, Sq, Skv, Hq, "
+                            "Hkv, D, same_seq, same_heads, try, evidence, source or claim)%s",
                         key, "");
         if (n != 1 || !parse_range(w[0], 0, dst[i]))
             return perr(ps, "'%s' is not a range for %s, expected N, N-M, >=N or <=N", raw, key);
@@ -272,6 +282,7 @@ static void rule_init(sdpa_rule *r, const char *name, const parser *ps)
     sdpa__strlcpy(r->name, name, sizeof r->name);
     snprintf(r->origin, sizeof r->origin, "%s:%d", ps->origin, ps->line);
     r->device = -1;
+    r->pass = 1; /* forward only: a rule's evidence measured the forward */
     r->lse = r->deterministic = r->same_seq = r->same_heads = -1;
     r->cc = r->cudnn = r->B = r->Sq = r->Skv = r->Hq = r->Hkv = r->D = any_range;
 }
@@ -451,6 +462,8 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
             return 0;
     }
     if (r->isa && (d->device != SDPA_DEVICE_CPU || (p->cpu_features & r->isa) != r->isa))
+        return 0;
+    if (!(r->pass & (d->backward ? 2 : 1)))
         return 0;
     if (r->dtypes && !(r->dtypes & (1u << d->dtype)))
         return 0;

@@ -27,6 +27,8 @@ typedef struct sdpa_rule {
     unsigned causal;      /* bit per sdpa_causal; 0: any */
     unsigned masks;       /* bit 0: no mask; else the call's most general
                            * SDPA_MASK_KIND_* bit, shifted up by 1; 0: any */
+    unsigned pass;        /* bit 0 forward, bit 1 backward (`pass`); without a
+                           * `pass` line a rule is for the forward only */
     int lse, deterministic, same_seq, same_heads; /* -1 any, 0 no, 1 yes */
     int n_quant, n_component;
     char quant[SDPA_RULE_LIST][32];

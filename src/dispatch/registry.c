@@ -112,6 +112,10 @@ int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
         sdpa__fmt(why, n, "causal %s not supported", sdpa_causal_name(d->causal));
         return 0;
     }
+    if (d->backward && !c->backward) {
+        sdpa__strlcpy(why, "has no backward pass, which the call is", n);
+        return 0;
+    }
     if (d->want_lse && !c->lse) {
         sdpa__strlcpy(why, "does not produce the LSE, which the call asks for", n);
         return 0;

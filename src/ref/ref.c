@@ -7,7 +7,8 @@
  * (batch, head) pairs run in parallel; the per-row arithmetic order never
  * depends on the thread count, so the result is deterministic.
  *
- * Memory: (Skv + D) doubles per worker thread.
+ * Memory: (Skv + D) doubles per worker thread; the backward pass
+ * (2 Skv D + 2 Skv + D) doubles.
  */
 #include "../core/convert.h"
 #include "../core/backend.h"
@@ -140,6 +141,130 @@ static sdpa_status ref_run(const sdpa_backend *self, const sdpa_call *c)
     return SDPA_OK;
 }
 
+/* ---- the backward pass: the exact gradient of the forward above */
+
+typedef struct ref_grad_job {
+    const sdpa_call *c;
+    double *work; /* per worker: see ref_grad_task */
+    size_t per;
+} ref_grad_job;
+
+static void store_row(sdpa_tensor *t, int64_t b, int64_t s, int64_t h, const double *x,
+                      int64_t n, double mul)
+{
+    for (int64_t e = 0; e < n; e++)
+        sdpa__store_f32(t->data, t->dtype, sdpa__offset(t, b, s, h, e), (float)(x[e] * mul));
+}
+
+/*
+ * One (batch, KV head): its query heads' rows one at a time, so that dk
+ * and dv, which sum over those rows, are owned by one task. Everything is
+ * recomputed in float64 from q, k, v and dout (the softmax, and
+ * D_i = sum_j P_ij dP_ij, which the fast kernels take as dout_i . out_i):
+ * ref reads neither out nor lse, so it is the gradient of ref's own
+ * forward, not of whatever forward produced them.
+ *
+ *   P_ij = softmax_j(s_ij)    dP_ij = dout_i . v_j    dS_ij = P_ij (dP_ij - D_i)
+ *   dq_i = scale sum_j dS_ij k_j   dk_j += scale dS_ij q_i   dv_j += P_ij dout_i
+ */
+static void ref_grad_task(void *arg, int64_t task, int worker)
+{
+    const ref_grad_job *job = arg;
+    const sdpa_call *c = job->c;
+    const sdpa_call_desc *d = &c->desc;
+    const int64_t D = d->D, Skv = d->Skv, G = d->Hq / d->Hkv;
+    const int64_t b = task / d->Hkv, hk = task % d->Hkv;
+    double *p = job->work + job->per * (size_t)worker;
+    double *dk = p, *dv = dk + Skv * D, *prob = dv + Skv * D, *dp = prob + Skv, *dq = dp + Skv;
+    for (int64_t e = 0; e < 2 * Skv * D; e++)
+        dk[e] = 0.0;
+    const sdpa_mask *m = c->mask;
+    const int64_t len_q = m && m->seq_len_q ? m->seq_len_q[b] : d->Sq;
+    const int64_t len_kv = m && m->seq_len_kv ? m->seq_len_kv[b] : Skv;
+    const int64_t row_offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
+    for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+        for (int64_t i = 0; i < d->Sq; i++) {
+            int64_t n_keys = i < len_q ? len_kv : 0;
+            if (c->causal != SDPA_CAUSAL_NONE && n_keys > 0) {
+                int64_t last = i + row_offset;
+                n_keys = last < 0 ? 0 : (last + 1 < n_keys ? last + 1 : n_keys);
+            }
+            double max = -INFINITY;
+            int poisoned = 0;
+            for (int64_t j = 0; j < n_keys; j++) { /* the forward's scores, exactly */
+                if (hidden(m, b, h, i, j)) {
+                    prob[j] = -INFINITY;
+                    continue;
+                }
+                double dot = 0.0;
+                for (int64_t e = 0; e < D; e++)
+                    dot += load(c->q, b, i, h, e) * load(c->k, b, j, hk, e);
+                double s = c->scale * dot;
+                s = s > FLT_MAX ? INFINITY : s < -FLT_MAX ? -INFINITY : s;
+                s += bias(m, b, h, i, j);
+                prob[j] = s;
+                poisoned |= s != s || s == INFINITY;
+                if (s > max)
+                    max = s;
+            }
+            for (int64_t e = 0; e < D; e++)
+                dq[e] = 0.0;
+            if (poisoned) { /* the forward's row is NaN: so is everything it reaches */
+                for (int64_t j = 0; j < n_keys; j++)
+                    for (int64_t e = 0; e < D && !hidden(m, b, h, i, j); e++)
+                        dk[j * D + e] = dv[j * D + e] = NAN;
+                store_row(c->dq, b, i, h, dq, D, NAN);
+                continue;
+            }
+            if (max == -INFINITY) { /* sees no key: out is 0, a constant */
+                store_row(c->dq, b, i, h, dq, D, 0.0);
+                continue;
+            }
+            double sum = 0.0;
+            for (int64_t j = 0; j < n_keys; j++)
+                sum += prob[j] = exp(prob[j] - max);
+            double di = 0.0;
+            for (int64_t j = 0; j < n_keys; j++) {
+                prob[j] /= sum;
+                double x = 0.0;
+                for (int64_t e = 0; e < D && !hidden(m, b, h, i, j); e++)
+                    x += load(c->dout, b, i, h, e) * load(c->v, b, j, hk, e);
+                dp[j] = x;
+                di += prob[j] * x;
+            }
+            for (int64_t j = 0; j < n_keys; j++) {
+                if (hidden(m, b, h, i, j)) /* never read, as in the forward */
+                    continue;
+                const double ds = prob[j] * (dp[j] - di);
+                for (int64_t e = 0; e < D; e++) {
+                    dq[e] += ds * load(c->k, b, j, hk, e);
+                    dk[j * D + e] += ds * load(c->q, b, i, h, e);
+                    dv[j * D + e] += prob[j] * load(c->dout, b, i, h, e);
+                }
+            }
+            store_row(c->dq, b, i, h, dq, D, c->scale);
+        }
+    for (int64_t j = 0; j < Skv; j++) {
+        store_row(c->dk, b, j, hk, dk + j * D, D, c->scale);
+        store_row(c->dv, b, j, hk, dv + j * D, D, 1.0);
+    }
+}
+
+static sdpa_status ref_backward(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const int threads = sdpa__pool_threads(c->pool);
+    const sdpa_call_desc *d = &c->desc;
+    ref_grad_job job = {c, NULL, (size_t)(2 * d->Skv * d->D + 2 * d->Skv + d->D)};
+    job.work = sdpa__malloc(sizeof(double) * job.per * (size_t)threads);
+    if (!job.work)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "ref: cannot allocate %zu bytes of work space",
+                          sizeof(double) * job.per * (size_t)threads);
+    sdpa__parallel_for(c->pool, d->B * d->Hkv, ref_grad_task, &job);
+    free(job.work);
+    return SDPA_OK;
+}
+
 const sdpa_backend sdpa__backend_ref = {
     .name = "ref",
     .summary = "float64 reference: obvious loops, the test oracle",
@@ -148,8 +273,10 @@ const sdpa_backend sdpa__backend_ref = {
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1 << 20, .d_multiple = 1, .gqa = 1, .cross = 1,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL},
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
+             .backward = 1},
     .fallback_rank = 1,
     .version = SDPA_VERSION_STRING,
     .run = ref_run,
+    .backward = ref_backward,
 };

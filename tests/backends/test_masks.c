@@ -262,7 +262,7 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
     /* every other backend: the same answer, or a refusal naming the mask */
     for (int bi = 0; bi < nb; bi++) {
         sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                            c->causal, 1, 0, backends[bi], NULL, NULL, kinds};
+                            c->causal, 1, 0, backends[bi], NULL, NULL, kinds, 0};
         sdpa_decision dec;
         CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
         if (dec.n_candidates == 0) {
@@ -353,7 +353,7 @@ static void bad_input(void)
 static void dispatch(void)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 64, 64, 2, 2, 64, SDPA_CAUSAL_NONE, 0, 0,
-                        NULL, NULL, NULL, SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY};
+                        NULL, NULL, NULL, SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, 0};
     sdpa_context *c2 = tl_context("cpu:isa=portable");
     CHECK_STATUS(sdpa_context_load_policy_text(c2,
                                                "rule keys\nmask key\ntry ref\nevidence t\n"

@@ -138,7 +138,7 @@ static void forward_every_allocation(const char *what, forward_arg *a)
 static sdpa_status explain(void *arg)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
-                        1, 0, NULL, NULL, NULL, 0};
+                        1, 0, NULL, NULL, NULL, 0, 0};
     char *text = NULL;
     sdpa_status st = sdpa_explain(arg, &d, 1, &text);
     CHECK((st == SDPA_OK) == (text != NULL), "explain text with status %s",

@@ -227,7 +227,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                 }
 
     sdpa_call_desc desc = {SDPA_DEVICE_CPU, dt, B, Sq, Skv, Hq, Hkv, D, causal, want_lse,
-                           0, NULL, NULL, NULL, 0};
+                           0, NULL, NULL, NULL, 0, 0};
     desc.mask = (m.seq_len_q || m.seq_len_kv ? SDPA_MASK_KIND_SEQ_LEN : 0) |
                 (m.key ? SDPA_MASK_KIND_KEY : 0) | (m.general ? SDPA_MASK_KIND_GENERAL : 0);
     const int64_t gap = layout == 2 ? 5 : 0; /* output rows with gaps too */

@@ -1,11 +1,12 @@
 /*
  * backend.c - cpu.avx2's descriptor: what it runs, stated once, and how the
- * dispatcher reaches the kernel (flash_avx2.c, built with -mavx2 -mfma).
+ * dispatcher reaches the kernels (flash_avx2.c, backward_avx2.c, built with -mavx2 -mfma).
  * Compiled without ISA flags, on every architecture.
  */
 #include "../cpu_backend.h"
 
 sdpa_status sdpa__cpu_avx2_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_avx2_backward(const sdpa_backend *self, const sdpa_call *call);
 
 const sdpa_backend sdpa__backend_cpu_avx2 = {
     .name = "cpu.avx2",
@@ -16,10 +17,12 @@ const sdpa_backend sdpa__backend_cpu_avx2 = {
              .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
              .cpu_features = SDPA_CPU_AVX2,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL},
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
+             .backward = 1},
     .fallback_rank = 20,
     .version = SDPA_X86_VERSION,
     .present = sdpa__cpu_backend_present,
     .run = SDPA_X86_KERNEL(sdpa__cpu_avx2_run),
+    .backward = SDPA_X86_KERNEL(sdpa__cpu_avx2_backward),
     .not_built = SDPA_X86_NOT_BUILT,
 };

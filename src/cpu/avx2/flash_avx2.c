@@ -6,78 +6,13 @@
  * 12 ymm accumulators, 3 loads, 1 broadcast register (16 registers in
  * all). Query blocks are 24 wide.
  *
- * exp: as in cpu.avx512 (degree-6 polynomial for 2^f, relative error
- * <= 3e-7 on [-87, 0]); 2^n is built in the exponent bits, and inputs below
- * -87 give exactly 0.
+ * Vectors and exp: vec_avx2.h.
  */
-#include <immintrin.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "vec_avx2.h"
 
-#define VL 8
 #define QV 3
 #define MR 4
 #define KERNEL_NAME "cpu.avx2"
-typedef __m256 vec;
-#define V_LOAD(p) _mm256_loadu_ps(p)
-#define V_STORE(p, x) _mm256_storeu_ps((p), (x))
-#define V_SET1(x) _mm256_set1_ps(x)
-#define V_ZERO() _mm256_setzero_ps()
-#define V_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define V_MUL(a, b) _mm256_mul_ps((a), (b))
-#define V_ADD(a, b) _mm256_add_ps((a), (b))
-#define V_MAX(a, b) _mm256_max_ps((a), (b))
-#define V_EXP(x) exp256(x)
-#define V_TRANSPOSE_REGS(r) transpose8(r)
-/* the first n < 8 lanes of p (the rest zero), and into p */
-#define V_LOAD_PART(p, n) _mm256_maskload_ps((p), part_mask(n))
-#define V_STORE_PART(p, x, n) _mm256_maskstore_ps((p), part_mask(n), (x))
-
-static inline __m256i part_mask(int n)
-{
-    static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    return _mm256_loadu_si256((const __m256i *)(lanes + 8 - n));
-}
-
-static inline __m256 exp256(__m256 x)
-{
-    const __m256 dead = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x); /* x second: NaN stays NaN */
-    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
-    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(1.5403530e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                         _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-/* r[j] = column j of the 8 x 8 block of floats whose rows r[i] held. */
-static inline void transpose8(__m256 r[8])
-{
-    __m256 t[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 8; g += 4) { /* t[g + j]: columns j, j + 4 of rows g.. */
-        const __m256 a = t[g], b = t[g + 1], c = t[g + 2], d = t[g + 3];
-        t[g] = _mm256_shuffle_ps(a, c, 0x44);
-        t[g + 1] = _mm256_shuffle_ps(a, c, 0xee);
-        t[g + 2] = _mm256_shuffle_ps(b, d, 0x44);
-        t[g + 3] = _mm256_shuffle_ps(b, d, 0xee);
-    }
-    for (int j = 0; j < 4; j++) {
-        r[j] = _mm256_permute2f128_ps(t[j], t[4 + j], 0x20);
-        r[j + 4] = _mm256_permute2f128_ps(t[j], t[4 + j], 0x31);
-    }
-}
 
 #include "../flash_tiled.h"
 

@@ -21,6 +21,7 @@ typedef __m512 vec;
 #define V_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define V_MUL(a, b) _mm512_mul_ps((a), (b))
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
+#define V_SUB(a, b) _mm512_sub_ps((a), (b))
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
 #define V_EXP(x) exp512(x)
 #define V_TRANSPOSE_REGS(r) transpose16(r)

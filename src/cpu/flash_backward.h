@@ -1,0 +1,511 @@
+/*
+ * flash_backward.h - the backward pass of the tiled CPU kernels
+ * (sdpa_backward), shared by the ISA files as flash_tiled.h is: each
+ * defines its vector vocabulary (vec_*.h) and the block sizes below, then
+ * includes this file, which supplies the loops, packing, threading and
+ * the entry point.
+ *
+ * FlashAttention-2's backward: the softmax is recomputed tile by tile from
+ * q, k and the forward's LSE, so no Sq x Skv buffer exists. For a block of
+ * BQ query rows and a block of BK keys, with qs = scale q:
+ *
+ *     S  = qs K^T                    P  = exp(S - lse)      (masked: 0)
+ *     dV^T += dO^T P                 dP = dO V^T
+ *     dS = P (dP - Di),  Di = dO_i . O_i
+ *     dK^T += qs^T dS                dQ += dS K             (scaled once, at the end)
+ *
+ * Keys run along the vector lanes in the four products of the tile (S, dP,
+ * dV^T, dK^T: one row of the tile is one query, or one head-dim element,
+ * against BK keys), and the head dim in dQ's; so one micro-kernel serves
+ * all five: C[mr][n] (+)= A[mr][k] (broadcast, any two strides) . B[k][n]
+ * (vectors), n a multiple of VL. Q and dO are packed once per task as f32
+ * rows; K and V once per key block, as K^T, V^T (lanes) and K rows.
+ *
+ * Threads without races: a task is one (batch, KV head, key chunk). It
+ * owns the dK and dV rows of its keys, summed over the query heads that
+ * read the KV head (grouped-query), and accumulates dQ for all those rows
+ * privately. With one chunk per (batch, KV head) the task stores dQ
+ * itself; with several (few heads, long keys), each chunk's dQ is kept and
+ * a second pass sums the chunks in chunk order. The split depends on the
+ * shape only, never on the thread count, so the gradients are
+ * deterministic. Keys hidden by a key mask are gathered out before
+ * packing (as in the forward) and get zero gradients; keys past the real
+ * length likewise.
+ *
+ * Extra memory per thread: rows (3 Dp + 2) floats for the task's rows
+ * (rows = Hq/Hkv x Sq; Dp = D rounded up to VL), plus the key block's
+ * tiles, about 4 D BK + BK Dp + 2 BQ BK floats; with several chunks,
+ * B Hkv chunks rows Dp floats of partial dQ for the call.
+ *
+ * The ISA file defines, before including: VL, vec, V_LOAD, V_STORE,
+ * V_SET1, V_ZERO, V_FMA, V_MUL, V_ADD, V_SUB, V_EXP (x <= 0 and -inf),
+ * and BWD_MR (micro-kernel rows), BWD_NV (vectors per micro-kernel row),
+ * BWD_BQ (query rows per block), BWD_BK (keys per block, a multiple of
+ * VL), BWD_NAME.
+ */
+#include "../core/convert.h"
+#include "flash_tasks.h"
+#include "mask_row.h"
+#include "../core/backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if BWD_BK % VL != 0
+#error "BWD_BK must be a multiple of VL"
+#endif
+
+/*
+ * C[mr][nv VL] (+)= sum_k A[i rs + k cs] B[k ldb + 0 .. nv VL), inlined
+ * with constant mr and nv so the accumulators stay in registers.
+ */
+static inline __attribute__((always_inline)) void bwd_ukr(const int mr, const int nv, int K,
+                                                          const float *a, ptrdiff_t rs,
+                                                          ptrdiff_t cs, const float *b,
+                                                          ptrdiff_t ldb, float *c, ptrdiff_t ldc,
+                                                          int accumulate)
+{
+    vec acc[BWD_MR][BWD_NV];
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++)
+            acc[i][v] = accumulate ? V_LOAD(c + i * ldc + v * VL) : V_ZERO();
+    for (int k = 0; k < K; k++) {
+        vec bv[BWD_NV];
+        for (int v = 0; v < nv; v++)
+            bv[v] = V_LOAD(b + k * ldb + v * VL);
+        for (int i = 0; i < mr; i++) {
+            const vec ai = V_SET1(a[i * rs + k * cs]);
+            for (int v = 0; v < nv; v++)
+                acc[i][v] = V_FMA(ai, bv[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < nv; v++)
+            V_STORE(c + i * ldc + v * VL, acc[i][v]);
+}
+
+/* Every row of one column panel of nv vectors: BWD_MR rows at a time, one
+ * dispatch for the tail, so each call site sees constant mr and nv. */
+static inline __attribute__((always_inline)) void bwd_panel(const int nv, int M, int K,
+                                                            const float *a, ptrdiff_t rs,
+                                                            ptrdiff_t cs, const float *b,
+                                                            ptrdiff_t ldb, float *c,
+                                                            ptrdiff_t ldc, int accumulate)
+{
+    int i = 0;
+    for (; i + BWD_MR <= M; i += BWD_MR)
+        bwd_ukr(BWD_MR, nv, K, a + i * rs, rs, cs, b, ldb, c + i * ldc, ldc, accumulate);
+    a += i * rs, c += i * ldc;
+    switch (M - i) {
+#if BWD_MR > 7
+    case 7: bwd_ukr(7, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+    case 6: bwd_ukr(6, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+#endif
+#if BWD_MR > 5
+    case 5: bwd_ukr(5, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+    case 4: bwd_ukr(4, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+#endif
+    case 3: bwd_ukr(3, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+    case 2: bwd_ukr(2, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+    case 1: bwd_ukr(1, nv, K, a, rs, cs, b, ldb, c, ldc, accumulate); break;
+    default: break;
+    }
+}
+
+#if BWD_MR != 8 && BWD_MR != 6 && BWD_MR != 4
+#error "bwd_panel dispatches tails of BWD_MR 4, 6 or 8"
+#endif
+#if BWD_NV < 2 || BWD_NV > 4
+#error "bwd_gemm dispatches BWD_NV 2..4"
+#endif
+
+/* C[M][N] (+)= A[M][K] . B[K][N], N a multiple of VL; A element (i, k) at
+ * a[i rs + k cs]. Column panels outer, so a panel of B stays in L1 while
+ * the rows pass. */
+static void bwd_gemm(int M, int N, int K, const float *a, ptrdiff_t rs, ptrdiff_t cs,
+                     const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
+{
+    for (int n0 = 0; n0 < N; n0 += BWD_NV * VL) {
+        const int nv = (N - n0) / VL < BWD_NV ? (N - n0) / VL : BWD_NV;
+        switch (nv) {
+#if BWD_NV > 3
+        case 4: bwd_panel(4, M, K, a, rs, cs, b + n0, ldb, c + n0, ldc, accumulate); break;
+#endif
+#if BWD_NV > 2
+        case 3: bwd_panel(3, M, K, a, rs, cs, b + n0, ldb, c + n0, ldc, accumulate); break;
+#endif
+        case 2: bwd_panel(2, M, K, a, rs, cs, b + n0, ldb, c + n0, ldc, accumulate); break;
+        default: bwd_panel(1, M, K, a, rs, cs, b + n0, ldb, c + n0, ldc, accumulate); break;
+        }
+    }
+}
+
+typedef struct bwd_split {
+    int64_t chunks;      /* key chunks per (batch, KV head) */
+    int64_t chunk_keys;  /* keys per chunk (a multiple of BWD_BK) */
+    int64_t rows;        /* rows of a task: G Sq, head-major */
+    int64_t Dp;          /* D rounded up to VL */
+} bwd_split;
+
+typedef struct bwd_work {
+    float *qs, *dout;    /* [rows][Dp] scaled q, dO (real rows only)    */
+    float *lse, *di;     /* [rows] the forward's LSE (+inf: sees no key), dO . O */
+    float *dq;           /* [rows][Dp] dQ (unscaled), when not a chunk's */
+    float *kt, *vt;      /* [D][BK]    K^T, V^T of the key block        */
+    float *kr;           /* [BK][Dp]   K rows                           */
+    float *dkt, *dvt;    /* [D][BK]    dK^T, dV^T of the key block      */
+    float *s, *dp;       /* [BQ][BK]   S then P; dP then dS             */
+    float *row;          /* [Dp]       a row on its way in or out       */
+    int64_t *keys;       /* [Skv]      visible keys under a key mask    */
+} bwd_work;
+
+/* What a task's rows see: causal key j is visible to query i when
+ * j <= i + offset (aligned on the real lengths, as in the forward). */
+typedef struct bwd_rows {
+    int64_t b;
+    int causal;
+    int64_t offset;
+} bwd_rows;
+
+typedef struct bwd_job {
+    const sdpa_call *c;
+    bwd_split sp;
+    bwd_work *ws;        /* per worker */
+    float *dq_parts;     /* [B Hkv chunks][rows][Dp], chunks > 1 only */
+} bwd_job;
+
+/* The split of a call into tasks, from its shape alone: one chunk per
+ * (batch, KV head) when there are at least 16 of them, else chunks of
+ * whole key blocks until there are 16 tasks (or one block per chunk). */
+static bwd_split bwd_split_make(const sdpa_call_desc *d)
+{
+    bwd_split s;
+    const int64_t blocks = (d->Skv + BWD_BK - 1) / BWD_BK, heads = d->B * d->Hkv;
+    int64_t want = heads >= 16 ? 1 : (16 + heads - 1) / heads;
+    if (want > blocks)
+        want = blocks;
+    const int64_t per = (blocks + want - 1) / want;
+    s.chunk_keys = per * BWD_BK;
+    s.chunks = (blocks + per - 1) / per;
+    s.rows = d->Hq / d->Hkv * d->Sq;
+    s.Dp = (d->D + VL - 1) / VL * VL;
+    return s;
+}
+
+/* Packs the task's real rows: qs = scale q, dO, the LSE (+inf where the
+ * forward saw no key, so that P = 0 there), Di = dO . O. */
+static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split *sp, int64_t b,
+                          int64_t hk, int64_t len_q)
+{
+    const sdpa_call_desc *d = &c->desc;
+    const int64_t D = d->D, Dp = sp->Dp, G = d->Hq / d->Hkv;
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t h = hk * G + g;
+        for (int64_t i = 0; i < len_q; i++) {
+            const int64_t r = g * d->Sq + i;
+            float *qs = w->qs + r * Dp, *dout = w->dout + r * Dp;
+            sdpa__load_row(sdpa__elem(c->q, sdpa__offset(c->q, b, i, h, 0)), c->q->dtype,
+                           c->q->stride[3], D, (float)c->scale, qs);
+            sdpa__load_row(sdpa__elem(c->dout, sdpa__offset(c->dout, b, i, h, 0)),
+                           c->dout->dtype, c->dout->stride[3], D, 1.0f, dout);
+            sdpa__load_row(sdpa__elem(c->out, sdpa__offset(c->out, b, i, h, 0)), c->out->dtype,
+                           c->out->stride[3], D, 1.0f, w->row);
+            float di = 0.0f;
+            for (int64_t e = 0; e < D; e++)
+                di += dout[e] * w->row[e];
+            for (int64_t e = D; e < Dp; e++)
+                qs[e] = dout[e] = 0.0f;
+            const float l = c->lse[(b * d->Hq + h) * d->Sq + i];
+            w->lse[r] = l == -INFINITY ? INFINITY : l;
+            w->di[r] = di;
+        }
+    }
+}
+
+/* Packs keys flash_key(keys, p0 + j), j < bk, of KV head hk: K^T and V^T
+ * with BWD_BK lanes (lanes past bk zero), K as rows of Dp. */
+static void bwd_pack_keys(const sdpa_call *c, const bwd_work *w, const bwd_split *sp, int64_t b,
+                          int64_t hk, const int64_t *keys, int64_t p0, int bk)
+{
+    const int64_t D = c->desc.D, Dp = sp->Dp;
+    for (int j = 0; j < BWD_BK; j++) {
+        if (j >= bk) {
+            for (int64_t e = 0; e < D; e++)
+                w->kt[e * BWD_BK + j] = w->vt[e * BWD_BK + j] = 0.0f;
+            continue;
+        }
+        const int64_t kj = flash_key(keys, p0 + j);
+        float *kr = w->kr + (ptrdiff_t)j * Dp;
+        sdpa__load_row(sdpa__elem(c->k, sdpa__offset(c->k, b, kj, hk, 0)), c->k->dtype,
+                       c->k->stride[3], D, 1.0f, kr);
+        for (int64_t e = D; e < Dp; e++)
+            kr[e] = 0.0f;
+        sdpa__load_row(sdpa__elem(c->v, sdpa__offset(c->v, b, kj, hk, 0)), c->v->dtype,
+                       c->v->stride[3], D, 1.0f, w->row);
+        for (int64_t e = 0; e < D; e++) {
+            w->kt[e * BWD_BK + j] = kr[e];
+            w->vt[e * BWD_BK + j] = w->row[e];
+        }
+    }
+}
+
+/* Rows i0 .. i0 + nr of head h against the key block: lanes past bk,
+ * causal and the general mask set to -inf in the score tile. */
+static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, int64_t h,
+                     const int64_t *keys, int64_t p0, int bk, int64_t i0, int nr)
+{
+    const sdpa_mask *mk = c->mask;
+    const int general = mk && mk->general;
+    const int64_t last_key = flash_key(keys, p0 + bk - 1);
+    for (int r = 0; r < nr; r++) {
+        float *s = w->s + (ptrdiff_t)r * BWD_BK;
+        const int64_t i = i0 + r;
+        int n = bk; /* lanes this row may see, before the general mask */
+        if (tk->causal && last_key > i + tk->offset) {
+            n = 0;
+            while (n < bk && flash_key(keys, p0 + n) <= i + tk->offset)
+                n++;
+        }
+        for (int j = n; j < BWD_BK; j++)
+            s[j] = -INFINITY;
+        for (int j = 0; general && j < n; j++)
+            s[j] = sdpa__mask_general(mk, sdpa__mask_at(mk, tk->b, h, i, flash_key(keys, p0 + j)),
+                                      s[j]);
+    }
+}
+
+/* One query block against one key block: the five products. */
+static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
+                     const bwd_rows *tk, int64_t h, int64_t r0, int64_t i0, int nr,
+                     const int64_t *keys, int64_t p0, int bk, float *dq)
+{
+    const int64_t D = c->desc.D, Dp = sp->Dp;
+    const float *qs = w->qs + r0 * Dp, *dout = w->dout + r0 * Dp;
+    /* S = qs K^T */
+    bwd_gemm(nr, BWD_BK, (int)D, qs, Dp, 1, w->kt, BWD_BK, w->s, BWD_BK, 0);
+    const int masked = bk < BWD_BK || (c->mask && c->mask->general) ||
+                       (tk->causal && flash_key(keys, p0 + bk - 1) > i0 + tk->offset);
+    if (masked)
+        bwd_mask(c, w, tk, h, keys, p0, bk, i0, nr);
+    /* P = exp(S - lse) */
+    for (int r = 0; r < nr; r++) {
+        float *s = w->s + (ptrdiff_t)r * BWD_BK;
+        const vec l = V_SET1(w->lse[r0 + r]);
+        for (int j = 0; j < BWD_BK; j += VL)
+            V_STORE(s + j, V_EXP(V_SUB(V_LOAD(s + j), l)));
+    }
+    /* dV^T += dO^T P: A(e, r) = dout[r][e] */
+    bwd_gemm((int)D, BWD_BK, nr, dout, 1, Dp, w->s, BWD_BK, w->dvt, BWD_BK, 1);
+    /* dP = dO V^T, then dS = P (dP - Di) in place */
+    bwd_gemm(nr, BWD_BK, (int)D, dout, Dp, 1, w->vt, BWD_BK, w->dp, BWD_BK, 0);
+    for (int r = 0; r < nr; r++) {
+        float *dp = w->dp + (ptrdiff_t)r * BWD_BK;
+        const float *p = w->s + (ptrdiff_t)r * BWD_BK;
+        const vec di = V_SET1(w->di[r0 + r]);
+        for (int j = 0; j < BWD_BK; j += VL)
+            V_STORE(dp + j, V_MUL(V_LOAD(p + j), V_SUB(V_LOAD(dp + j), di)));
+    }
+    /* dK^T += qs^T dS */
+    bwd_gemm((int)D, BWD_BK, nr, qs, 1, Dp, w->dp, BWD_BK, w->dkt, BWD_BK, 1);
+    /* dQ += dS K (the block's bk keys) */
+    bwd_gemm(nr, (int)Dp, bk, w->dp, BWD_BK, 1, w->kr, Dp, dq + r0 * Dp, Dp, 1);
+}
+
+/* dK, dV rows of the key block from dK^T, dV^T. */
+static void bwd_store_keys(const sdpa_call *c, const bwd_work *w, int64_t b, int64_t hk,
+                           const int64_t *keys, int64_t p0, int bk)
+{
+    const int64_t D = c->desc.D;
+    for (int j = 0; j < bk; j++) {
+        const int64_t kj = flash_key(keys, p0 + j);
+        for (int g = 0; g < 2; g++) {
+            const float *src = g ? w->dvt : w->dkt;
+            sdpa_tensor *t = g ? c->dv : c->dk;
+            for (int64_t e = 0; e < D; e++)
+                w->row[e] = src[e * BWD_BK + j];
+            sdpa__store_row((char *)t->data + sdpa__offset(t, b, kj, hk, 0) *
+                                                  (int64_t)sdpa_dtype_size(t->dtype),
+                            t->dtype, t->stride[3], D, 1.0f, w->row);
+        }
+    }
+}
+
+/* Zero dK, dV rows for keys kj0 .. kj1 that the task computes nothing for:
+ * past the real length, hidden by the key mask, or every key when no query
+ * row is real (len_q 0). */
+static void bwd_zero_keys(const sdpa_call *c, int64_t b, int64_t hk, int64_t kj0, int64_t kj1,
+                          int64_t len_q, int64_t len_kv)
+{
+    const sdpa_mask *mk = c->mask;
+    const uint8_t *key = mk && mk->key ? mk->key + b * mk->key_stride[0] : NULL;
+    for (int64_t j = kj0; j < kj1; j++) {
+        if (len_q > 0 && j < len_kv && (!key || key[j * mk->key_stride[1]]))
+            continue;
+        for (int g = 0; g < 2; g++) {
+            sdpa_tensor *t = g ? c->dv : c->dk;
+            sdpa__store_row((char *)t->data + sdpa__offset(t, b, j, hk, 0) *
+                                                  (int64_t)sdpa_dtype_size(t->dtype),
+                            t->dtype, t->stride[3], c->desc.D, 0.0f, NULL);
+        }
+    }
+}
+
+/* dQ rows of the task's row space, scaled: real rows from acc, padding
+ * rows (i >= len_q) zeros. */
+static void bwd_store_dq(const sdpa_call *c, const bwd_split *sp, int64_t b, int64_t hk,
+                         int64_t len_q, int64_t r_first, int64_t r_end, const float *acc)
+{
+    const sdpa_call_desc *d = &c->desc;
+    const int64_t G = d->Hq / d->Hkv;
+    sdpa_tensor *t = c->dq;
+    for (int64_t r = r_first; r < r_end; r++) {
+        const int64_t h = hk * G + r / d->Sq, i = r % d->Sq;
+        sdpa__store_row((char *)t->data +
+                            sdpa__offset(t, b, i, h, 0) * (int64_t)sdpa_dtype_size(t->dtype),
+                        t->dtype, t->stride[3], d->D, i < len_q ? (float)c->scale : 0.0f,
+                        acc + (r - r_first) * sp->Dp);
+    }
+}
+
+static void bwd_task(void *arg, int64_t task, int worker)
+{
+    const bwd_job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const sdpa_call_desc *d = &c->desc;
+    const bwd_split *sp = &jb->sp;
+    const bwd_work *w = &jb->ws[worker];
+    const int64_t bh = task / sp->chunks, chunk = task % sp->chunks;
+    const int64_t b = bh / d->Hkv, hk = bh % d->Hkv, G = d->Hq / d->Hkv, Dp = sp->Dp;
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
+    const bwd_rows tk = {b, c->causal != SDPA_CAUSAL_NONE,
+                         sdpa_causal_offset(c->causal, len_q, len_kv)};
+    const int64_t kj0 = chunk * sp->chunk_keys;
+    const int64_t kj1 = kj0 + sp->chunk_keys < d->Skv ? kj0 + sp->chunk_keys : d->Skv;
+    float *dq = sp->chunks > 1 ? jb->dq_parts + (size_t)task * (size_t)(sp->rows * Dp) : w->dq;
+    memset(dq, 0, sizeof(float) * (size_t)(sp->rows * Dp));
+    bwd_zero_keys(c, b, hk, kj0, kj1, len_q, len_kv);
+
+    /* the visible keys of the chunk: kj0 .. min(kj1, len_kv), gathered
+     * under a key mask (keys[p] is the p-th) */
+    const int64_t kend = kj1 < len_kv ? kj1 : len_kv;
+    const sdpa_mask *mk = c->mask;
+    int64_t *keys = NULL, nk = kend > kj0 ? kend - kj0 : 0, first = kj0;
+    if (mk && mk->key) {
+        const uint8_t *key = mk->key + b * mk->key_stride[0];
+        keys = w->keys, nk = 0, first = 0;
+        for (int64_t j = kj0; j < kend; j++)
+            if (key[j * mk->key_stride[1]])
+                keys[nk++] = j;
+    }
+    if (len_q > 0 && nk > 0) {
+        bwd_pack_rows(c, w, sp, b, hk, len_q);
+        /* without a key list, keys are first + p: flash_key needs a list
+         * or a zero base, so the loop keeps p0 in key numbers */
+        for (int64_t p = 0; p < nk; p += BWD_BK) {
+            const int bk = (int)(nk - p < BWD_BK ? nk - p : BWD_BK);
+            const int64_t p0 = keys ? p : first + p;
+            const int64_t kfirst = flash_key(keys, p0);
+            bwd_pack_keys(c, w, sp, b, hk, keys, p0, bk);
+            memset(w->dkt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
+            memset(w->dvt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
+            /* causal: rows before kfirst - offset see none of these keys */
+            int64_t i_start = tk.causal ? kfirst - tk.offset : 0;
+            if (i_start < 0)
+                i_start = 0;
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t i0 = i_start; i0 < len_q; i0 += BWD_BQ) {
+                    const int nr = (int)(len_q - i0 < BWD_BQ ? len_q - i0 : BWD_BQ);
+                    bwd_tile(c, w, sp, &tk, hk * G + g, g * d->Sq + i0, i0, nr, keys, p0, bk,
+                             dq);
+                }
+            bwd_store_keys(c, w, b, hk, keys, p0, bk);
+        }
+    }
+    if (sp->chunks == 1)
+        bwd_store_dq(c, sp, b, hk, len_q, 0, sp->rows, dq);
+}
+
+/* With several chunks: dQ of row block t of a (batch, KV head), the
+ * chunks' parts summed in chunk order. */
+static void bwd_reduce_task(void *arg, int64_t task, int worker)
+{
+    const bwd_job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const bwd_split *sp = &jb->sp;
+    const int64_t blocks = (sp->rows + BWD_BQ - 1) / BWD_BQ;
+    const int64_t bh = task / blocks, r0 = task % blocks * BWD_BQ;
+    const int64_t r1 = r0 + BWD_BQ < sp->rows ? r0 + BWD_BQ : sp->rows;
+    const int64_t part = sp->rows * sp->Dp;
+    float *sum = jb->ws[worker].dq; /* room for BWD_BQ rows at least */
+    const float *base = jb->dq_parts + (size_t)(bh * sp->chunks) * (size_t)part;
+    for (int64_t e = 0; e < (r1 - r0) * sp->Dp; e++) {
+        float x = 0.0f;
+        for (int64_t ch = 0; ch < sp->chunks; ch++)
+            x += base[ch * part + r0 * sp->Dp + e];
+        sum[e] = x;
+    }
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, bh / c->desc.Hkv, &len_q, &len_kv);
+    bwd_store_dq(c, sp, bh / c->desc.Hkv, bh % c->desc.Hkv, len_q, r0, r1, sum);
+}
+
+static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_call_desc *d = &c->desc;
+    const int threads = sdpa__pool_threads(c->pool);
+    bwd_job jb = {c, bwd_split_make(d), NULL, NULL};
+    const bwd_split *sp = &jb.sp;
+    const int64_t D = d->D, Dp = sp->Dp, rows = sp->rows;
+    const int64_t dq_rows = sp->chunks > 1 ? BWD_BQ : rows; /* reduce's block, or the task's */
+    const size_t per = (size_t)(rows * (2 * Dp + 2) + dq_rows * Dp + 4 * D * BWD_BK +
+                                BWD_BK * Dp + 2 * BWD_BQ * BWD_BK + Dp + 16) +
+                       (c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0);
+    const size_t descs = ((size_t)threads * sizeof(bwd_work) + 63) / 64 * 64;
+    const size_t bytes = per * sizeof(float) * (size_t)threads + descs;
+    char *base = sdpa__scratch(bytes);
+    if (!base)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes for the backward pass",
+                          BWD_NAME, bytes);
+    if (sp->chunks > 1) {
+        const size_t part_bytes = sizeof(float) * (size_t)(d->B * d->Hkv * sp->chunks) *
+                                  (size_t)(rows * Dp);
+        jb.dq_parts = sdpa__malloc(part_bytes);
+        if (!jb.dq_parts) {
+            sdpa__scratch_release(base);
+            return sdpa__fail(SDPA_OUT_OF_MEMORY,
+                              "%s: cannot allocate %zu bytes of partial dq for the backward pass",
+                              BWD_NAME, part_bytes);
+        }
+    }
+    jb.ws = (bwd_work *)base;
+    float *mem = (float *)(base + descs);
+    for (int t = 0; t < threads; t++) {
+        float *p = mem + per * (size_t)t;
+        bwd_work *w = &jb.ws[t];
+        w->qs = p, p += rows * Dp;
+        w->dout = p, p += rows * Dp;
+        w->lse = p, p += rows;
+        w->di = p, p += rows;
+        w->dq = p, p += dq_rows * Dp;
+        w->kt = p, p += D * BWD_BK;
+        w->vt = p, p += D * BWD_BK;
+        w->dkt = p, p += D * BWD_BK;
+        w->dvt = p, p += D * BWD_BK;
+        w->kr = p, p += BWD_BK * Dp;
+        w->s = p, p += BWD_BQ * BWD_BK;
+        w->dp = p, p += BWD_BQ * BWD_BK;
+        w->row = p, p += Dp;
+        p += (16 - (size_t)(p - mem) % 16) % 16; /* the key list 8-byte aligned */
+        w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
+    }
+    sdpa__parallel_for(c->pool, d->B * d->Hkv * sp->chunks, bwd_task, &jb);
+    if (sp->chunks > 1)
+        sdpa__parallel_for(c->pool, d->B * d->Hkv * ((rows + BWD_BQ - 1) / BWD_BQ),
+                           bwd_reduce_task, &jb);
+    free(jb.dq_parts);
+    sdpa__scratch_release(base);
+    return SDPA_OK;
+}
