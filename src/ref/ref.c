@@ -57,6 +57,47 @@ static int hidden(const sdpa_mask *m, int64_t b, int64_t h, int64_t i, int64_t j
     return m && (!visible(m, b, h, i, j) || bias(m, b, h, i, j) == -INFINITY);
 }
 
+/*
+ * The scores of query i of (b, h) against the keys it may see, j < the
+ * returned count (padding rows, real lengths for causal alignment, then the
+ * key and general masks; all in the most obvious form): score[j], -inf for
+ * a hidden key. Scores beyond float32's range are +-inf, as the kernels
+ * form them (sdpa.h, non-finite values); a NaN or +inf one poisons the row
+ * (*poisoned), and -inf ones weigh nothing. *max is the largest.
+ */
+static int64_t row_scores(const sdpa_call *c, int64_t b, int64_t h, int64_t i, double *score,
+                          double *max, int *poisoned)
+{
+    const sdpa_call_desc *d = &c->desc;
+    const sdpa_mask *m = c->mask;
+    const int64_t hk = h / (d->Hq / d->Hkv);
+    const int64_t len_q = m && m->seq_len_q ? m->seq_len_q[b] : d->Sq;
+    const int64_t len_kv = m && m->seq_len_kv ? m->seq_len_kv[b] : d->Skv;
+    int64_t n_keys = i < len_q ? len_kv : 0;
+    if (c->causal != SDPA_CAUSAL_NONE && n_keys > 0) {
+        const int64_t last = i + (c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0);
+        n_keys = last < 0 ? 0 : (last + 1 < n_keys ? last + 1 : n_keys);
+    }
+    *max = -INFINITY, *poisoned = 0;
+    for (int64_t j = 0; j < n_keys; j++) {
+        if (hidden(m, b, h, i, j)) {
+            score[j] = -INFINITY;
+            continue;
+        }
+        double dot = 0.0;
+        for (int64_t e = 0; e < d->D; e++)
+            dot += load(c->q, b, i, h, e) * load(c->k, b, j, hk, e);
+        double s = c->scale * dot;
+        s = s > FLT_MAX ? INFINITY : s < -FLT_MAX ? -INFINITY : s;
+        s += bias(m, b, h, i, j);
+        score[j] = s;
+        *poisoned |= s != s || s == INFINITY;
+        if (s > *max)
+            *max = s;
+    }
+    return n_keys;
+}
+
 static void ref_task(void *arg, int64_t task, int worker)
 {
     const ref_job *job = arg;
@@ -67,40 +108,11 @@ static void ref_task(void *arg, int64_t task, int worker)
     double *score = job->work + (size_t)worker * (size_t)(d->Skv + d->D);
     double *acc = score + d->Skv;
 
-    /* Masks (sdpa.h): padding rows, real lengths for causal alignment, key
-     * and general masks; all in the most obvious form. */
     const sdpa_mask *m = c->mask;
-    const int64_t len_q = m && m->seq_len_q ? m->seq_len_q[b] : d->Sq;
-    const int64_t len_kv = m && m->seq_len_kv ? m->seq_len_kv[b] : d->Skv;
-    const int64_t row_offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
     for (int64_t i = 0; i < d->Sq; i++) {
-        /* Keys this query may see: j < n_keys, then the key and general masks. */
-        int64_t n_keys = i < len_q ? len_kv : 0;
-        if (c->causal != SDPA_CAUSAL_NONE && n_keys > 0) {
-            int64_t last = i + row_offset;
-            n_keys = last < 0 ? 0 : (last + 1 < n_keys ? last + 1 : n_keys);
-        }
-        /* Scores beyond float32's range are +-inf, as the kernels form
-         * them (sdpa.h, non-finite values); a NaN or +inf one poisons the
-         * row, and -inf ones weigh nothing. */
-        double max = -INFINITY;
-        int poisoned = 0;
-        for (int64_t j = 0; j < n_keys; j++) {
-            if (hidden(m, b, h, i, j)) {
-                score[j] = -INFINITY;
-                continue;
-            }
-            double dot = 0.0;
-            for (int64_t e = 0; e < d->D; e++)
-                dot += load(c->q, b, i, h, e) * load(c->k, b, j, hk, e);
-            double s = c->scale * dot;
-            s = s > FLT_MAX ? INFINITY : s < -FLT_MAX ? -INFINITY : s;
-            s += bias(m, b, h, i, j);
-            score[j] = s;
-            poisoned |= s != s || s == INFINITY;
-            if (s > max)
-                max = s;
-        }
+        double max;
+        int poisoned;
+        const int64_t n_keys = row_scores(c, b, h, i, score, &max, &poisoned);
         if (poisoned || max == -INFINITY) { /* NaN row, or a row that sees nothing */
             const float o = poisoned ? NAN : 0.0f;
             for (int64_t e = 0; e < d->D; e++)
@@ -179,34 +191,11 @@ static void ref_grad_task(void *arg, int64_t task, int worker)
     for (int64_t e = 0; e < 2 * Skv * D; e++)
         dk[e] = 0.0;
     const sdpa_mask *m = c->mask;
-    const int64_t len_q = m && m->seq_len_q ? m->seq_len_q[b] : d->Sq;
-    const int64_t len_kv = m && m->seq_len_kv ? m->seq_len_kv[b] : Skv;
-    const int64_t row_offset = c->causal == SDPA_CAUSAL_BOTTOM_RIGHT ? len_kv - len_q : 0;
     for (int64_t h = hk * G; h < (hk + 1) * G; h++)
         for (int64_t i = 0; i < d->Sq; i++) {
-            int64_t n_keys = i < len_q ? len_kv : 0;
-            if (c->causal != SDPA_CAUSAL_NONE && n_keys > 0) {
-                int64_t last = i + row_offset;
-                n_keys = last < 0 ? 0 : (last + 1 < n_keys ? last + 1 : n_keys);
-            }
-            double max = -INFINITY;
-            int poisoned = 0;
-            for (int64_t j = 0; j < n_keys; j++) { /* the forward's scores, exactly */
-                if (hidden(m, b, h, i, j)) {
-                    prob[j] = -INFINITY;
-                    continue;
-                }
-                double dot = 0.0;
-                for (int64_t e = 0; e < D; e++)
-                    dot += load(c->q, b, i, h, e) * load(c->k, b, j, hk, e);
-                double s = c->scale * dot;
-                s = s > FLT_MAX ? INFINITY : s < -FLT_MAX ? -INFINITY : s;
-                s += bias(m, b, h, i, j);
-                prob[j] = s;
-                poisoned |= s != s || s == INFINITY;
-                if (s > max)
-                    max = s;
-            }
+            double max; /* the forward's scores, exactly */
+            int poisoned;
+            const int64_t n_keys = row_scores(c, b, h, i, prob, &max, &poisoned);
             for (int64_t e = 0; e < D; e++)
                 dq[e] = 0.0;
             if (poisoned) { /* the forward's row is NaN: so is everything it reaches */

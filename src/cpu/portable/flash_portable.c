@@ -253,6 +253,8 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
     return SDPA_OK;
 }
 
+sdpa_status sdpa__cpu_portable_backward(const sdpa_backend *self, const sdpa_call *call);
+
 const sdpa_backend sdpa__backend_cpu_portable = {
     .name = "cpu.portable",
     .summary = "tiled online-softmax attention in portable C11, f32 accumulation",
@@ -261,8 +263,10 @@ const sdpa_backend sdpa__backend_cpu_portable = {
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1024, .d_multiple = 1, .gqa = 1, .cross = 1,
              .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1},
+             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
+             .backward = 1},
     .fallback_rank = 10,
     .version = SDPA_VERSION_STRING,
     .run = portable_run,
+    .backward = sdpa__cpu_portable_backward, /* backward_portable.c */
 };
