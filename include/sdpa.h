@@ -489,6 +489,8 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
  *             is recomputed block by block from q, k and it, so no
  *             Sq x Skv buffer exists)
  *   dout      [B, Sq, Hq, D]  any dtype, strided
+ *   dlse      [B, Hq, Sq] float32, the LSE's own gradient when the caller
+ *             used the LSE (merging ring steps, sdpa_merge), or NULL (zero)
  *   dq        [B, Sq, Hq, D], dk and dv [B, Skv, Hkv, D]: outputs of any
  *             dtype, strided, every element written (fp32 accumulation,
  *             converted on store)
@@ -510,8 +512,8 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
  */
 sdpa_status sdpa_backward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                           const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
-                          const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
-                          sdpa_tensor *dv, const sdpa_params *params);
+                          const sdpa_tensor *dout, const float *dlse, sdpa_tensor *dq,
+                          sdpa_tensor *dk, sdpa_tensor *dv, const sdpa_params *params);
 
 /* Name of the backend that ran the last successful call on this thread. */
 const char *sdpa_last_backend(void);
@@ -603,8 +605,8 @@ sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tens
  * the other way round). */
 sdpa_status sdpa_layer_backward(sdpa_layer *layer, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
-                                const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
-                                sdpa_tensor *dv, const sdpa_params *params);
+                                const sdpa_tensor *dout, const float *dlse, sdpa_tensor *dq,
+                                sdpa_tensor *dk, sdpa_tensor *dv, const sdpa_params *params);
 
 /* Whether the layer has latched `backend` off (1), for its forward or its
  * backward pass, or not (0). */

@@ -75,6 +75,7 @@ typedef struct sdpa_call {
      * out and lse are the forward's results and only read; dout is the
      * output's gradient, dq, dk, dv receive the inputs'. NULL otherwise. */
     const sdpa_tensor *dout;
+    const float *dlse; /* [B, Hq, Sq], or NULL */
     sdpa_tensor *dq, *dk, *dv;
 } sdpa_call;
 
@@ -101,8 +102,9 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
 sdpa_status sdpa__call_prepare_backward(const sdpa_tensor *q, const sdpa_tensor *k,
                                         const sdpa_tensor *v, const sdpa_tensor *out,
                                         const float *lse, const sdpa_tensor *dout,
-                                        sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
-                                        const sdpa_params *params, sdpa_call *call);
+                                        const float *dlse, sdpa_tensor *dq, sdpa_tensor *dk,
+                                        sdpa_tensor *dv, const sdpa_params *params,
+                                        sdpa_call *call);
 
 /* "seq_len+key" for SDPA_MASK_KIND_* bits, "none" for 0. */
 void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n);

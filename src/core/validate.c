@@ -317,7 +317,7 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
 
     /* every field set, no memset: a rep stos of the whole struct was 3% of a one-token call */
     call->pool = NULL, call->cpu_features = 0, call->cuda_flash_variant = 0;
-    call->dout = NULL, call->dq = call->dk = call->dv = NULL;
+    call->dout = NULL, call->dlse = NULL, call->dq = call->dk = call->dv = NULL;
     call->q = q, call->k = k, call->v = v, call->out = out, call->lse = lse;
     call->mask = kinds ? params->mask : NULL;
     call->scale = params->scale != 0.0 ? params->scale : 1.0 / sqrt((double)q->size[3]);
@@ -343,8 +343,9 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
 sdpa_status sdpa__call_prepare_backward(const sdpa_tensor *q, const sdpa_tensor *k,
                                         const sdpa_tensor *v, const sdpa_tensor *out,
                                         const float *lse, const sdpa_tensor *dout,
-                                        sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
-                                        const sdpa_params *params, sdpa_call *call)
+                                        const float *dlse, sdpa_tensor *dq, sdpa_tensor *dk,
+                                        sdpa_tensor *dv, const sdpa_params *params,
+                                        sdpa_call *call)
 {
     if (!lse)
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
@@ -399,17 +400,21 @@ sdpa_status sdpa__call_prepare_backward(const sdpa_tensor *q, const sdpa_tensor 
                 return sdpa__fail(SDPA_INVALID_ARGUMENT,
                                   "%s overlaps %s in memory, expected separate buffers",
                                   grad_names[g], in_names[i]);
-        if (sdpa__overlaps(grad[g]->data, grad_span[g], lse, lse_bytes))
-            return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                              "%s overlaps lse in memory, expected separate buffers",
-                              grad_names[g]);
+        for (int l = 0; l < 2; l++)
+            if (sdpa__overlaps(grad[g]->data, grad_span[g], l ? (const void *)dlse : lse,
+                               l && !dlse ? 0 : lse_bytes))
+                return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                  "%s overlaps %s in memory, expected separate buffers",
+                                  grad_names[g], l ? "dlse" : "lse");
         for (int h = 0; h < g; h++)
             if (sdpa__overlaps(grad[g]->data, grad_span[g], grad[h]->data, grad_span[h]))
                 return sdpa__fail(SDPA_INVALID_ARGUMENT,
                                   "%s overlaps %s in memory, expected separate buffers",
                                   grad_names[g], grad_names[h]);
     }
-    call->dout = dout, call->dq = dq, call->dk = dk, call->dv = dv;
+    if (dlse && (uintptr_t)dlse % sizeof(float) != 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "dlse is not 4-byte aligned");
+    call->dout = dout, call->dlse = dlse, call->dq = dq, call->dk = dk, call->dv = dv;
     call->desc.backward = 1;
     return SDPA_OK;
 }

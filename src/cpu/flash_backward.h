@@ -11,7 +11,7 @@
  *
  *     S  = qs K^T                    P  = exp(S - lse)      (masked: 0)
  *     dV^T += dO^T P                 dP = dO V^T
- *     dS = P (dP - Di),  Di = dO_i . O_i
+ *     dS = P (dP - Di),  Di = dO_i . O_i - dlse_i
  *     dK^T += qs^T dS                dQ += dS K             (scaled once, at the end)
  *
  * Keys run along the vector lanes in the four products of the tile (S, dP,
@@ -216,9 +216,11 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
                 di += dout[e] * w->row[e];
             for (int64_t e = D; e < Dp; e++)
                 qs[e] = dout[e] = 0.0f;
-            const float l = c->lse[(b * d->Hq + h) * d->Sq + i];
+            const int64_t at = (b * d->Hq + h) * d->Sq + i;
+            const float l = c->lse[at];
             w->lse[r] = l == -INFINITY ? INFINITY : l;
-            w->di[r] = di;
+            /* the LSE's gradient g adds g P_ij to dS_ij: D_i - g_i */
+            w->di[r] = c->dlse ? di - c->dlse[at] : di;
         }
     }
 }

@@ -178,14 +178,14 @@ sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tens
 
 sdpa_status sdpa_backward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                           const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
-                          const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
-                          sdpa_tensor *dv, const sdpa_params *params)
+                          const sdpa_tensor *dout, const float *dlse, sdpa_tensor *dq,
+                          sdpa_tensor *dk, sdpa_tensor *dv, const sdpa_params *params)
 {
     if (!ctx)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
     sdpa_call call;
     sdpa_status st =
-        sdpa__call_prepare_backward(q, k, v, out, lse, dout, dq, dk, dv, params, &call);
+        sdpa__call_prepare_backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, params, &call);
     if (st != SDPA_OK)
         return st;
     return context_run(ctx, &call,
@@ -299,14 +299,14 @@ sdpa_status sdpa_layer_warmup(sdpa_layer *l, const sdpa_tensor *q, const sdpa_te
 
 sdpa_status sdpa_layer_backward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_tensor *out, const float *lse,
-                                const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
-                                sdpa_tensor *dv, const sdpa_params *params)
+                                const sdpa_tensor *dout, const float *dlse, sdpa_tensor *dq,
+                                sdpa_tensor *dk, sdpa_tensor *dv, const sdpa_params *params)
 {
     if (!l)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "layer is NULL, expected a layer handle");
     sdpa_call call;
     sdpa_status st =
-        sdpa__call_prepare_backward(q, k, v, out, lse, dout, dq, dk, dv, params, &call);
+        sdpa__call_prepare_backward(q, k, v, out, lse, dout, dlse, dq, dk, dv, params, &call);
     if (st != SDPA_OK)
         return st;
     return layer_run(l, &call, 0);

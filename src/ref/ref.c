@@ -176,7 +176,7 @@ static void store_row(sdpa_tensor *t, int64_t b, int64_t s, int64_t h, const dou
  * ref reads neither out nor lse, so it is the gradient of ref's own
  * forward, not of whatever forward produced them.
  *
- *   P_ij = softmax_j(s_ij)    dP_ij = dout_i . v_j    dS_ij = P_ij (dP_ij - D_i)
+ *   P_ij = softmax_j(s_ij)    dP_ij = dout_i . v_j    dS_ij = P_ij (dP_ij - D_i + dlse_i)
  *   dq_i = scale sum_j dS_ij k_j   dk_j += scale dS_ij q_i   dv_j += P_ij dout_i
  */
 static void ref_grad_task(void *arg, int64_t task, int worker)
@@ -212,7 +212,8 @@ static void ref_grad_task(void *arg, int64_t task, int worker)
             double sum = 0.0;
             for (int64_t j = 0; j < n_keys; j++)
                 sum += prob[j] = exp(prob[j] - max);
-            double di = 0.0;
+            /* a gradient g of the LSE adds g P_ij to dS_ij */
+            double di = c->dlse ? -(double)c->dlse[(b * d->Hq + h) * d->Sq + i] : 0.0;
             for (int64_t j = 0; j < n_keys; j++) {
                 prob[j] /= sum;
                 double x = 0.0;

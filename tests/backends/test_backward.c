@@ -40,6 +40,7 @@ enum { M_SEQ_LEN = 1, M_KEY = 2, M_BOOL = 4, M_ADDITIVE = 8 };
 typedef struct bcase {
     tl_case c;     /* c.out_dtype: dtype of out and of the gradients */
     unsigned masks;
+    int dlse;      /* 1: the LSE has a gradient too */
 } bcase;
 
 typedef struct masks {
@@ -143,10 +144,21 @@ static void grads_free(grads *g)
 }
 
 static sdpa_status backward(sdpa_context *ctx, const tl_problem *p, const tl_output *out,
-                            const sdpa_tensor *dout, grads *g, const sdpa_params *prm)
+                            const sdpa_tensor *dout, const float *dlse, grads *g,
+                            const sdpa_params *prm)
 {
-    return sdpa_backward(ctx, &p->q, &p->k, &p->v, &out->t, out->lse, dout, &g->dq.t, &g->dk.t,
-                         &g->dv.t, prm);
+    return sdpa_backward(ctx, &p->q, &p->k, &p->v, &out->t, out->lse, dout, dlse, &g->dq.t,
+                         &g->dk.t, &g->dv.t, prm);
+}
+
+/* A random gradient of the LSE [B, Hq, Sq] (a caller that used the LSE). */
+static float *random_dlse(const tl_case *c)
+{
+    const size_t n = (size_t)(c->B * c->Hq * c->Sq);
+    float *g = tl_alloc_guarded(n * sizeof(float));
+    for (size_t i = 0; g && i < n; i++)
+        g[i] = (float)tl_uniform();
+    return g;
 }
 
 static double max_abs3(const grads *g)
@@ -160,13 +172,13 @@ static void describe(const bcase *bc, char *buf, size_t n)
     const tl_case *c = &bc->c;
     snprintf(buf, n,
              "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s grad=%s causal=%s %s %s "
-             "scale=%g masks=%s%s%s%s",
+             "scale=%g masks=%s%s%s%s%s",
              (long long)c->B, (long long)c->Sq, (long long)c->Skv, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->D, sdpa_dtype_name(c->dtype),
              sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal), tl_layout_name(c->layout),
              tl_values_name(c->values), tl_case_scale(c), bc->masks & M_SEQ_LEN ? "seq_len " : "",
              bc->masks & M_KEY ? "key " : "", bc->masks & M_BOOL ? "bool " : "",
-             bc->masks & M_ADDITIVE ? "additive" : "");
+             bc->masks & M_ADDITIVE ? "additive" : "", bc->dlse ? " dlse" : "");
 }
 
 static unsigned mask_kinds(unsigned m)
@@ -237,12 +249,13 @@ static void check_case(const char *backend, const bcase *bc)
     CHECK(st == SDPA_OK, "ref forward %s: %s", what, sdpa_last_error());
     /* dout: random values in [-1, 1), q-shaped, the inputs' dtype */
     const sdpa_tensor *dout = &dp.q;
+    float *dlse = bc->dlse ? random_dlse(c) : NULL;
     if (st == SDPA_OK) {
-        st = backward(ctx2, &p, &out, dout, &want, &prm);
+        st = backward(ctx2, &p, &out, dout, dlse, &want, &prm);
         CHECK(st == SDPA_OK, "ref backward %s: %s", what, sdpa_last_error());
     }
     prm = params_of(c, &mk, backend);
-    sdpa_status sg = backward(ctx2, &p, &out, dout, &got, &prm);
+    sdpa_status sg = backward(ctx2, &p, &out, dout, dlse, &got, &prm);
     CHECK(sg == SDPA_OK, "%s backward %s: %s: %s", backend, what, sdpa_status_string(sg),
           sdpa_last_error());
     if (st == SDPA_OK && sg == SDPA_OK) {
@@ -262,7 +275,7 @@ static void check_case(const char *backend, const bcase *bc)
                   why);
         }
         /* deterministic: bitwise equal with 1 thread */
-        if (backward(ctx1, &p, &out, dout, &again, &prm) == SDPA_OK)
+        if (backward(ctx1, &p, &out, dout, dlse, &again, &prm) == SDPA_OK)
             CHECK(memcmp(again.dq.mem, got.dq.mem, got.dq.bytes) == 0 &&
                       memcmp(again.dk.mem, got.dk.mem, got.dk.bytes) == 0 &&
                       memcmp(again.dv.mem, got.dv.mem, got.dv.bytes) == 0,
@@ -270,7 +283,7 @@ static void check_case(const char *backend, const bcase *bc)
         else
             CHECK(0, "%s %s with 1 thread: %s", backend, what, sdpa_last_error());
     }
-    grads_free(&got), grads_free(&want), grads_free(&again);
+    grads_free(&got), grads_free(&want), grads_free(&again), tl_free_guarded(dlse);
     tl_output_free(&out), tl_problem_free(&p), tl_problem_free(&dp), masks_free(&mk);
 }
 
@@ -278,7 +291,7 @@ static bcase mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int
 {
     bcase b = {{B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
                 TL_UNIFORM, 0},
-               0};
+               0, 0};
     return b;
 }
 
@@ -350,19 +363,29 @@ static void grid(const char *backend)
             b.c.layout = (tl_layout)(i % 3), b.c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
             check_case(backend, &b);
         }
+    /* the LSE's own gradient (ring attention merges with it) */
+    for (int causal = 0; causal <= 2; causal++) {
+        b = mk(2, 70, 150, 4, 2, 64);
+        b.dlse = 1, b.c.causal = (sdpa_causal)causal, b.masks = causal == 1 ? M_KEY : 0;
+        check_case(backend, &b);
+    }
     b = mk(1, 1, 1, 1, 1, 32); /* one token */
     check_case(backend, &b);
 }
 
 /* ---- ref against finite differences of the forward */
 
-/* L = sum(dout * out) with out from ref's forward in f32. */
+/* L = sum(dout * out) (+ sum(dlse * lse)) with out and the LSE from ref's
+ * forward in f32. */
 static double loss(const tl_problem *p, tl_output *out, const sdpa_tensor *dout,
-                   const sdpa_params *prm)
+                   const float *dlse, const sdpa_params *prm)
 {
-    if (sdpa_forward(ctx2, &p->q, &p->k, &p->v, &out->t, NULL, prm) != SDPA_OK)
+    if (sdpa_forward(ctx2, &p->q, &p->k, &p->v, &out->t, out->lse, prm) != SDPA_OK)
         return NAN;
     double l = 0;
+    const int64_t n = p->c.B * p->c.Hq * p->c.Sq;
+    for (int64_t i = 0; dlse && i < n; i++)
+        l += out->lse[i] == -INFINITY ? 0.0 : (double)dlse[i] * out->lse[i];
     const sdpa_tensor *o = &out->t;
     for (int64_t b = 0; b < o->size[0]; b++)
         for (int64_t s = 0; s < o->size[1]; s++)
@@ -388,8 +411,9 @@ static void finite_differences(const bcase *bc)
         return;
     }
     sdpa_params prm = params_of(c, &mk, "ref");
+    float *dlse = bc->dlse ? random_dlse(c) : NULL;
     CHECK_STATUS(sdpa_forward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &prm), SDPA_OK);
-    CHECK_STATUS(backward(ctx2, &p, &out, &dp.q, &g, &prm), SDPA_OK);
+    CHECK_STATUS(backward(ctx2, &p, &out, &dp.q, dlse, &g, &prm), SDPA_OK);
     const sdpa_tensor *in[3] = {&p.q, &p.k, &p.v};
     const tl_output *gr[3] = {&g.dq, &g.dk, &g.dv};
     const double h = 1e-2, scale = max_abs3(&g);
@@ -404,23 +428,24 @@ static void finite_differences(const bcase *bc)
                                    hh * x->stride[2] + d * x->stride[3];
                         const float x0 = *e;
                         *e = x0 + (float)h;
-                        const double up = loss(&p, &tmp, &dp.q, &prm);
+                        const double up = loss(&p, &tmp, &dp.q, dlse, &prm);
                         *e = x0 - (float)h;
-                        const double down = loss(&p, &tmp, &dp.q, &prm);
+                        const double down = loss(&p, &tmp, &dp.q, dlse, &prm);
                         *e = x0;
                         const double fd = (up - down) / (2 * h);
                         const double an = tl_out_get(&gr[t]->t, b, s, hh, d);
                         worst = fmax(worst, fabs(fd - an));
                     }
     }
-    /* central differences: O(h^2) truncation, f32 rounding of out over
-     * 2h; both below 1e-5 of the gradients' scale here (seen: 3e-6) */
-    CHECK(worst <= 1e-4 * scale + 1e-6, "ref %s: max |grad - finite difference| = %.3g (scale %.3g)",
+    /* central differences: O(h^2) truncation, f32 rounding of out and
+     * the LSE over 2h; together below 3e-5 of the gradients' scale in 40
+     * runs (5e-6 without dlse), while a wrong term is off by 1e-1 */
+    CHECK(worst <= 2e-4 * scale + 1e-6, "ref %s: max |grad - finite difference| = %.3g (scale %.3g)",
           what, worst, scale);
     if (getenv("SDPA_TEST_VERBOSE"))
         printf("  ref fd %s: %.3g of %.3g\n", what, worst, scale);
     tl_problem_free(&p), tl_problem_free(&dp), tl_output_free(&out), tl_output_free(&tmp);
-    grads_free(&g), masks_free(&mk);
+    grads_free(&g), masks_free(&mk), tl_free_guarded(dlse);
 }
 
 static void ref_against_finite_differences(void)
@@ -440,6 +465,9 @@ static void ref_against_finite_differences(void)
         b.masks = kinds[i], b.c.causal = (sdpa_causal)(i % 3);
         finite_differences(&b);
     }
+    b = mk(1, 5, 6, 2, 2, 4); /* the LSE's gradient too */
+    b.dlse = 1, b.c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
+    finite_differences(&b);
 }
 
 /* ---- the API around it */
@@ -460,26 +488,26 @@ static void api(void)
     CHECK_STATUS(sdpa_forward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &prm), SDPA_OK);
     memset(g.dq.mem, 0x5a, g.dq.bytes);
     /* refusals name the argument; nothing written */
-    sdpa_status st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, NULL, &dp.q, &g.dq.t, &g.dk.t,
+    sdpa_status st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, NULL, &dp.q, NULL, &g.dq.t, &g.dk.t,
                                    &g.dv.t, &prm);
     CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_last_error(), "lse"), "lse NULL: %s",
           sdpa_last_error());
     sdpa_tensor bad = g.dk.t;
-    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, &bad, &g.dk.t, &g.dv.t,
+    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL, &bad, &g.dk.t, &g.dv.t,
                        &prm);
     CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_last_error(), "dq"), "dq overlapping dk: %s",
           sdpa_last_error());
     bad = g.dq.t;
     bad.size[1] = 7;
-    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, &bad, &g.dk.t, &g.dv.t,
+    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL, &bad, &g.dk.t, &g.dv.t,
                        &prm);
     CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_last_error(), "dq sizes"), "dq size: %s",
           sdpa_last_error());
-    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, NULL, &g.dq.t, &g.dk.t, &g.dv.t,
+    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, NULL, NULL, &g.dq.t, &g.dk.t, &g.dv.t,
                        &prm);
     CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_last_error(), "dout"), "dout NULL: %s",
           sdpa_last_error());
-    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, &g.dq.t, &g.dk.t,
+    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL, &g.dq.t, &g.dk.t,
                        (sdpa_tensor *)&p.v, &prm);
     CHECK(st == SDPA_INVALID_ARGUMENT && strstr(sdpa_last_error(), "dv overlaps v"),
           "dv = v: %s", sdpa_last_error());
@@ -489,7 +517,7 @@ static void api(void)
     CHECK(untouched, "a refused call wrote dq");
     /* a backend without a backward pass, named: its reason */
     prm.backend = "cpu.portable";
-    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, &g.dq.t, &g.dk.t, &g.dv.t,
+    st = sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL, &g.dq.t, &g.dk.t, &g.dv.t,
                        &prm);
     sdpa_backend_info bi = {0};
     for (int i = 0; i < sdpa_backend_count(ctx2); i++)
@@ -501,7 +529,7 @@ static void api(void)
               sdpa_last_error());
     /* the dispatcher's choice runs a backend with a backward pass */
     prm.backend = NULL;
-    CHECK_STATUS(sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, &g.dq.t, &g.dk.t,
+    CHECK_STATUS(sdpa_backward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL, &g.dq.t, &g.dk.t,
                                &g.dv.t, &prm),
                  SDPA_OK);
     const char *ran = sdpa_last_backend();
@@ -545,7 +573,7 @@ static void api(void)
     CHECK_STATUS(sdpa_layer_create(ctx2, &ld, &layer), SDPA_OK);
     grads lg;
     if (grads_make(&lg, &p, SDPA_F32, TL_BSHD)) {
-        CHECK_STATUS(sdpa_layer_backward(layer, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q,
+        CHECK_STATUS(sdpa_layer_backward(layer, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL,
                                          &lg.dq.t, &lg.dk.t, &lg.dv.t, &prm),
                      SDPA_OK);
         CHECK(memcmp(lg.dq.mem, g.dq.mem, g.dq.bytes) == 0 &&
@@ -553,7 +581,7 @@ static void api(void)
               "layer backward differs from sdpa_backward");
         grads_free(&lg);
     }
-    CHECK_STATUS(sdpa_layer_backward(NULL, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, &g.dq.t,
+    CHECK_STATUS(sdpa_layer_backward(NULL, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL, &g.dq.t,
                                      &g.dk.t, &g.dv.t, &prm),
                  SDPA_INVALID_ARGUMENT);
     sdpa_layer_destroy(layer);
