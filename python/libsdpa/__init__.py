@@ -34,7 +34,7 @@ from ._capi import (DeviceError, Error, InternalError, InvalidArgumentError,  # 
                     NotAvailableError, OutOfMemoryError, UnsupportedError)
 
 __version__ = C.lib.sdpa_version().decode()
-__all__ = ["attention", "merge", "explain", "info", "backend", "Layer", "set_component_backend",
+__all__ = ["attention", "backward", "merge", "explain", "info", "backend", "Layer", "set_component_backend",
            "load_policy", "set_num_threads", "get_num_threads", "last_backend", "Error",
            "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "DeviceError",
            "NotAvailableError", "InternalError"]
@@ -212,10 +212,129 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
                       is_causal, scale, enable_gqa, return_lse, backend, quant, component)
         if r is not _GENERAL:
             return r
-    _refuse_grad(q, k, v)
+    if _wants_grad(q, k, v):  # autograd: torch.ops.libsdpa.sdpa, whose backward is libsdpa's
+        return _autograd_attention(q, k, v, layout, is_causal, scale, enable_gqa, return_lse,
+                                   out, backend, quant, component, attn_mask, seq_len_q,
+                                   seq_len_kv, key_mask)
+    return _forward(q, k, v, layout=layout, is_causal=is_causal, scale=scale,
+                    enable_gqa=enable_gqa, return_lse=return_lse, out=out, backend=backend,
+                    quant=quant, component=component, attn_mask=attn_mask, seq_len_q=seq_len_q,
+                    seq_len_kv=seq_len_kv, key_mask=key_mask)
+
+
+def _forward(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
+             return_lse=False, out=None, backend=None, quant=None, component=None,
+             attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+    """attention()'s general path, without autograd: what torch.ops.libsdpa's
+    operators run (inside them autograd is the operator's own business)."""
     call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend, quant,
                  component, attn_mask, seq_len_q, seq_len_kv, key_mask)
-    return call.run(C.lib.sdpa_forward, ctx.handle)
+    return call.run(C.lib.sdpa_forward, _context().handle)
+
+
+def _lse_arg(x, name, B, Hq, Sq, writable=False):
+    """(object, address) of a contiguous float32 [B, Hq, Sq] on the CPU or
+    the inputs' CUDA device (numpy or torch), or InvalidArgumentError."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        ok = x.dtype == torch.float32 and x.is_contiguous()
+        ptr = x.data_ptr()
+    else:
+        x = np.asarray(x)
+        ok = x.dtype == np.float32 and x.flags.c_contiguous and (x.flags.writeable or
+                                                                  not writable)
+        ptr = x.ctypes.data
+    if not ok or tuple(x.shape) != (B, Hq, Sq):
+        raise InvalidArgumentError(f"{name} has shape {tuple(x.shape)} and dtype {x.dtype}, "
+                                   f"expected a contiguous float32 [B, Hq, Sq] = {(B, Hq, Sq)}")
+    return x, ptr
+
+
+def backward(q, k, v, out, lse, dout, *, layout="bshd", is_causal=False, scale=None,
+             enable_gqa=None, dlse=None, backend=None, layer=None, quant=None, component=None,
+             attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+    """The gradients (dq, dk, dv) of out = attention(q, k, v, ...) for the
+    output's gradient dout (sdpa_backward): q, k, v and the keywords as
+    the forward call had them, out and lse (return_lse=True) as it returned
+    them; dlse, the LSE's own gradient [B, Hq, Sq] float32, when the LSE
+    was used (None: zero). Masks carry no gradient. The gradients have
+    q's, k's and v's shapes and layout: for torch tensors their dtype (as
+    torch's autograd), for numpy float32. This is what autograd runs for
+    attention() on torch tensors that require grad; call it directly to
+    drive a backward pass by hand (numpy, or torch without autograd)."""
+    call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, False, None, backend, quant,
+                 component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=False)
+    B, Sq, Skv, Hq, Hkv, D = call.shape
+    vo, vd = A.view(out, "out", layout), A.view(dout, "dout", layout)
+    lse_obj, lse_ptr = _lse_arg(lse, "lse", B, Hq, Sq)
+    dlse_obj, dlse_ptr = (None, None) if dlse is None else _lse_arg(dlse, "dlse", B, Hq, Sq)
+    if call.torch:
+        torch = sys.modules["torch"]
+        grads = tuple(torch.empty_like(x) for x in (call.q.keep, call.k.keep, call.v.keep))
+    else:
+        if call.q.device[0] != C.DEVICE_CPU:
+            raise InvalidArgumentError("q is a DLPack tensor on a GPU: use torch tensors for "
+                                       "backward")
+        grads = tuple(np.empty(tuple(x.shape), dtype=np.float32) for x in (q, k, v))
+    views = [A.view(g, n, layout, writable=True) for g, n in zip(grads, ("dq", "dk", "dv"))]
+    ts = [x.tensor() for x in (call.q, call.k, call.v, vo, vd, *views)]
+    if layer is not None:
+        fn, handle = C.lib.sdpa_layer_backward, layer.handle
+    else:
+        fn, handle = C.lib.sdpa_backward, _context().handle
+    st = fn(handle, *(ctypes.byref(t) for t in ts[:4]), lse_ptr, ctypes.byref(ts[4]), dlse_ptr,
+            *(ctypes.byref(t) for t in ts[5:]), ctypes.byref(call.params))
+    del lse_obj, dlse_obj
+    C.check(st, "backward")
+    return grads
+
+
+def _wants_grad(*xs):
+    """Whether autograd must see this call: grad mode on and an input that
+    requires grad (torch tensors only)."""
+    torch = sys.modules.get("torch")
+    return (torch is not None and torch.is_grad_enabled() and
+            any(isinstance(x, torch.Tensor) and x.requires_grad for x in xs))
+
+
+def _autograd_attention(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
+                        quant, component, attn_mask, seq_len_q, seq_len_kv, key_mask):
+    """attention() under autograd: torch.ops.libsdpa.sdpa (torch_ops.py), a
+    custom operator whose registered backward is sdpa_backward, so the call
+    is one node of the graph, under torch.compile too."""
+    torch = sys.modules["torch"]
+    from . import torch_ops
+    if out is not None:
+        raise InvalidArgumentError("out= with inputs that require grad: autograd cannot see a "
+                                   "result written in place (drop out=, or run under "
+                                   "torch.no_grad())")
+    if attn_mask is not None and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+        raise InvalidArgumentError("attn_mask requires grad: libsdpa's backward gives no "
+                                   "gradient for a mask (detach it, or use torch's SDPA)")
+    if layout not in ("bshd", "bhsd"):
+        raise InvalidArgumentError(f"layout is {layout!r}, expected 'bshd' or 'bhsd'")
+    if layout == "bhsd":
+        q, k, v = (x.transpose(1, 2) if isinstance(x, torch.Tensor) and x.dim() == 4 else x
+                   for x in (q, k, v))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise InvalidArgumentError(f"{name} must be a 4-dimensional torch tensor with "
+                                       "autograd")
+    if enable_gqa is False and q.shape[2] != k.shape[2]:
+        raise InvalidArgumentError(f"q has {q.shape[2]} heads and k {k.shape[2]}: grouped-query "
+                                   "attention needs enable_gqa=True (or None)")
+    lens = [None if x is None else torch.as_tensor(np.asarray(x) if not isinstance(
+        x, torch.Tensor) else x, dtype=torch.int32) for x in (seq_len_q, seq_len_kv)]
+    if key_mask is not None and not isinstance(key_mask, torch.Tensor):
+        key_mask = torch.as_tensor(np.asarray(key_mask))
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        attn_mask = torch.as_tensor(np.asarray(attn_mask))
+    o, lse = torch_ops.sdpa(q, k, v, attn_mask, lens[0], lens[1], key_mask, _causal(is_causal),
+                            0.0 if scale is None else float(scale), backend or "",
+                            component or "", quant or "")
+    if layout == "bhsd":
+        o = o.transpose(1, 2)
+    return (o, lse) if return_lse else o
 
 
 # ---- prepared calls: the per-call cost of a repeated call
@@ -282,7 +401,6 @@ def _prepared(holder, ctx, fn, handle, owner, q, k, v, layout, is_causal, scale,
         holder.state = (ctx, plans, cplans, ctx.requested)
     plan = plans.get(key)
     if plan is None:
-        _refuse_grad(q, k, v)
         call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, None, backend,
                      quant, component, None, None, None, None)
         result = call.run(fn, handle)
@@ -369,15 +487,6 @@ def _fast_setup():
         _fastcall.setup(torch.Tensor, torch.is_grad_enabled, torch.empty_like, torch.empty,
                         torch.float32, torch.get_num_threads)
         _fast_tensor_type = torch.Tensor
-
-
-def _refuse_grad(*xs):
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.is_grad_enabled() and any(
-            isinstance(x, torch.Tensor) and x.requires_grad for x in xs):
-        raise InvalidArgumentError("libsdpa computes the forward pass only: inputs require grad "
-                                   "with autograd on (call it under torch.no_grad() or "
-                                   "torch.inference_mode())")
 
 
 def merge(out_a, lse_a, out_b, lse_b, *, layout="bshd", out=None, lse=None):
@@ -470,7 +579,15 @@ class Layer:
                           None)
             if r is not _GENERAL:
                 return r
-        _refuse_grad(q, k, v)
+        kw = dict(layout=layout, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                  backend=backend, attn_mask=attn_mask, seq_len_q=seq_len_q,
+                  seq_len_kv=seq_len_kv, key_mask=key_mask)
+        if _wants_grad(q, k, v):  # autograd through the layer's forward and backward
+            if out is not None:
+                raise InvalidArgumentError("out= with inputs that require grad: autograd "
+                                           "cannot see a result written in place")
+            from . import torch_ops
+            return torch_ops.layer_attention(self, q, k, v, return_lse, kw)
         call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
                      None, None, attn_mask, seq_len_q, seq_len_kv, key_mask)
         return call.run(C.lib.sdpa_layer_forward, self.handle)
@@ -560,11 +677,14 @@ def load_policy(path):
 # The submodules that need torch or diffusers load on first use, so that
 # `import libsdpa` needs numpy only and `libsdpa.diffusers.enable()` works
 # without importing the submodule by hand (PEP 562).
-_LAZY_SUBMODULES = ("diffusers", "torch_ops", "bench", "distributed")
+_LAZY_SUBMODULES = ("diffusers", "torch_ops", "bench", "distributed", "torch_route")
 
 
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "route_torch_sdpa":  # torch_route's context manager, also on first use
+        from .torch_route import route_torch_sdpa
+        return route_torch_sdpa
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

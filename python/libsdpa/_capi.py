@@ -136,10 +136,13 @@ _PROTOTYPES = {
     "sdpa_forward": (ctypes.c_int, [_p, ctypes.POINTER(Tensor), ctypes.POINTER(Tensor),
                                     ctypes.POINTER(Tensor), ctypes.POINTER(Tensor), _p,
                                     ctypes.POINTER(Params)]),
+    # ctx, q, k, v, out, lse, dout, dlse, dq, dk, dv, params
     "sdpa_backward": (ctypes.c_int, [_p] + [ctypes.POINTER(Tensor)] * 4 +
-                      [_p] + [ctypes.POINTER(Tensor)] * 4 + [ctypes.POINTER(Params)]),
+                      [_p, ctypes.POINTER(Tensor), _p] + [ctypes.POINTER(Tensor)] * 3 +
+                      [ctypes.POINTER(Params)]),
     "sdpa_layer_backward": (ctypes.c_int, [_p] + [ctypes.POINTER(Tensor)] * 4 +
-                            [_p] + [ctypes.POINTER(Tensor)] * 4 + [ctypes.POINTER(Params)]),
+                            [_p, ctypes.POINTER(Tensor), _p] + [ctypes.POINTER(Tensor)] * 3 +
+                            [ctypes.POINTER(Params)]),
     "sdpa_merge": (ctypes.c_int, [ctypes.POINTER(Tensor), _p, ctypes.POINTER(Tensor), _p,
                                   ctypes.POINTER(Tensor), _p]),
     "sdpa_layer_create": (ctypes.c_int, [_p, ctypes.POINTER(LayerDesc), ctypes.POINTER(_p)]),

@@ -23,11 +23,18 @@ diffusers passes (so dispatch_attention_fn never drops one): attn_mask
 enable_gqa, return_lse (diffusers' LSE layout [B, S, H]). It raises for
 what it cannot honour (dropout_p > 0), never ignores it.
 
+Gradients: with inputs that require grad (training, LoRA fine-tuning,
+gradient checkpointing, or a forward call made without torch.no_grad()),
+attention() is libsdpa's custom operator with libsdpa's backward
+(libsdpa.attention under autograd), so gradients flow through.
+
 Context parallelism: the backend is registered as supporting it, and under
 model.enable_parallelism(ContextParallelConfig(ring_degree=..., ulysses_degree=...))
 diffusers' own templated ring, Ulysses and unified attention run with
 forward_op() below doing each local step on libsdpa (output and LSE in
-diffusers' layouts). Forward only: backward_op() raises. diffusers 0.42's
+diffusers' layouts) and backward_op() each step's gradients, from the
+global output and LSE diffusers hands it (exact for a block of keys:
+P = exp(S - lse) with the merged LSE). diffusers 0.42's
 enable_parallelism assumes an accelerator (rank % device_count() with no
 GPU is a ZeroDivisionError): enable_parallelism(model, config) below gets
 past it on a CPU, and says how.
@@ -43,7 +50,7 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     """diffusers' backend signature (as _native_attention): [B, S, H, D]."""
     if dropout_p:
         raise libsdpa.InvalidArgumentError(
-            f"libsdpa: dropout_p is {dropout_p}, expected 0 (libsdpa runs inference only)")
+            f"libsdpa: dropout_p is {dropout_p}, expected 0 (libsdpa has no dropout)")
     if attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape[0] == query.shape[0] \
             and attn_mask.shape[1] == key.shape[1]:
         attn_mask = attn_mask[:, None, None, :]  # [B, Skv] -> [B, 1, 1, Skv], as native does
@@ -66,18 +73,36 @@ def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
                _parallel_config=None):
     """One local step of diffusers' templated context-parallel attention
     (the signature of its _native_attention_forward_op): [B, S, H, D] in,
-    out and, with return_lse, the LSE as [B, S, H]. Nothing is saved for a
-    backward pass: there is none."""
-    return attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                     is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                     return_lse=return_lse)
+    out and, with return_lse, the LSE as [B, S, H]. With _save_ctx, what
+    backward_op needs is kept on ctx."""
+    out, lse = attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                         return_lse=True)
+    if _save_ctx:
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.libsdpa_args = dict(attn_mask=attn_mask, is_causal=bool(is_causal), scale=scale,
+                                enable_gqa=True if enable_gqa else None)
+    return (out, lse) if return_lse else out
 
 
-def backward_op(ctx, grad_out, *args, **kwargs):
-    """diffusers calls it for gradients through context parallelism:
-    libsdpa has no backward pass, so it says so."""
-    raise libsdpa.UnsupportedError("libsdpa: no backward pass (inference only); train with "
-                                   "another attention backend")
+def backward_op(ctx, grad_out, *args, query=None, key=None, value=None, out=None, lse=None,
+                **kwargs):
+    """The gradients of one local step (diffusers' backward_op signature):
+    the saved tensors, or the ones diffusers' ring passes for this step
+    (its key block, the merged out and LSE, [B, S, H] layout)."""
+    saved_q, saved_k, saved_v, saved_out, saved_lse = ctx.saved_tensors
+    query = saved_q if query is None else query
+    key = saved_k if key is None else key
+    value = saved_v if value is None else value
+    out = saved_out if out is None else out
+    lse = saved_lse if lse is None else lse
+    a = dict(ctx.libsdpa_args)
+    mask = a.pop("attn_mask")
+    if mask is not None and mask.ndim == 2 and mask.shape == (query.shape[0], key.shape[1]):
+        mask = mask[:, None, None, :]
+    import torch
+    lse = lse.transpose(1, 2).to(torch.float32).contiguous()  # [B, H, S]
+    return libsdpa.backward(query, key, value, out, lse, grad_out, attn_mask=mask, **a)
 
 
 def enable_parallelism(model, config):

@@ -106,10 +106,11 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
             sdpa__mask_kinds_name(b.masks, kinds, sizeof kinds);
             snprintf(masks, sizeof masks, " masks:%s", kinds);
         }
-        sdpa__sb_printf(sb, "  %-14s %-8s %-6s %-13s D %d..%d%s%s%s%s  %s\n", b.name, b.version,
-                        b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", dt, b.head_dim_min,
-                        b.head_dim_max, step, b.lse ? " lse" : "",
-                        b.product_bits == 8 ? " P in bf16" : "", masks,
+        sdpa__sb_printf(sb, "  %-14s %-8s %-6s %-13s D %d..%d%s%s%s%s%s  %s\n", b.name,
+                        b.version, b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", dt,
+                        b.head_dim_min, b.head_dim_max, step, b.lse ? " lse" : "",
+                        b.backward ? " backward" : "", b.product_bits == 8 ? " P in bf16" : "",
+                        masks,
                         b.present ? "present" : b.why_absent);
     }
 }
@@ -218,13 +219,13 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
                         "],\"head_dim_min\":%d,\"head_dim_max\":%d,\"head_dim_multiple\":%d,"
                         "\"gqa\":%s,\"cross\":%s,\"causal_top_left\":%s,"
                         "\"causal_bottom_right\":%s,\"lse\":%s,\"deterministic\":%s,"
-                        "\"product_bits\":%d,\"present\":%s",
+                        "\"product_bits\":%d,\"backward\":%s,\"present\":%s",
                         b.head_dim_min, b.head_dim_max, b.head_dim_multiple,
                         b.gqa ? "true" : "false", b.cross ? "true" : "false",
                         b.causal_top_left ? "true" : "false",
                         b.causal_bottom_right ? "true" : "false", b.lse ? "true" : "false",
                         b.deterministic ? "true" : "false", b.product_bits,
-                        b.present ? "true" : "false");
+                        b.backward ? "true" : "false", b.present ? "true" : "false");
         json_key(sb, "why_absent", b.present ? NULL : b.why_absent, 1);
         sdpa__sb_printf(sb, "}");
     }

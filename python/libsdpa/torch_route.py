@@ -1,0 +1,206 @@
+"""Routing torch.nn.functional.scaled_dot_product_attention to libsdpa, for
+the models that call torch's SDPA themselves rather than through
+diffusers' attention dispatcher (SDXL's UNet processors, SD3's joint
+processors, CogVideoX, PixArt, Sana, Lumina2, Mochi, ...):
+
+    with libsdpa.route_torch_sdpa():        # this thread, any caller
+        image = pipe(prompt).images[0]
+
+    libsdpa.torch_route.enable()            # every thread, calls through F.
+    libsdpa.torch_route.disable()
+    print(libsdpa.torch_route.explain())     # taken, handed back, why
+
+A call is taken when libsdpa computes exactly what torch would: torch's
+layout [B, H, S, D] (or [B, S, D]), attn_mask boolean (True attends) or
+additive in the inputs' dtype or float32, broadcast to [B, H, Sq, Skv] as
+torch broadcasts it, is_causal top-left (torch's alignment for Sq != Skv),
+scale, enable_gqa. Under autograd the call is libsdpa's custom operator
+with libsdpa's backward. Everything else is handed back to torch's own
+SDPA, unchanged, counted by reason and reported once per reason (a
+warning): dropout_p > 0, other dtypes (float64) or devices (CUDA: the
+plugin has not run on a GPU yet), a value head dim different from the
+query's, mask and is_causal together (torch's own error then), an
+attn_mask that requires grad, GQA without enable_gqa, batch dims torch
+would broadcast, tensor subclasses and nested tensors, and any call
+libsdpa refuses (its reason is the count's key). Out-of-memory and device
+errors are raised, never handed back.
+
+The context manager is a torch function mode: it sees every call on its
+thread, however the caller reached the function. enable() replaces the
+attribute torch.nn.functional.scaled_dot_product_attention, so it reaches
+every thread but only callers that look the function up there at call
+time (F.scaled_dot_product_attention, as diffusers' processors do), not
+one imported by name beforehand.
+"""
+import collections
+import threading
+import warnings
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+import libsdpa
+
+_ORIGINAL = torch.nn.functional.scaled_dot_product_attention
+_lock = threading.Lock()
+_taken = collections.Counter()      # backend -> calls
+_handed_back = collections.Counter()  # reason -> calls
+_warned = set()
+
+
+class RoutingWarning(UserWarning):
+    """A call handed back to torch, once per reason."""
+
+
+def _hand_back(reason):
+    with _lock:
+        _handed_back[reason] += 1
+        first = reason not in _warned
+        _warned.add(reason)
+    if first:
+        warnings.warn(f"libsdpa.route_torch_sdpa: a call went to torch's own SDPA: {reason} "
+                      "(counted in libsdpa.torch_route.stats(); this reason is not reported "
+                      "again)", RoutingWarning, stacklevel=4)
+    return None
+
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _plain(x):
+    return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
+
+
+def _route(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+           enable_gqa=False):
+    """libsdpa's result for torch's call, or None (handed back, counted)."""
+    if not (_plain(q) and _plain(k) and _plain(v)):
+        return _hand_back("q, k or v is not a plain tensor (a subclass, or not a tensor)")
+    if q.is_nested or k.is_nested or v.is_nested:
+        return _hand_back("nested tensors")
+    if dropout_p:
+        return _hand_back("dropout_p > 0 (libsdpa has no dropout)")
+    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+        return _hand_back(f"tensors on {q.device.type} (libsdpa routes CPU tensors; its CUDA "
+                          "plugin has not run on a GPU)")
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return _hand_back(f"dtype {q.dtype}/{k.dtype}/{v.dtype} (libsdpa takes one of float32, "
+                          "float16, bfloat16 for all three)")
+    if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
+        return _hand_back(f"{q.dim()}-dimensional inputs (libsdpa routes [B, H, S, D] and "
+                          "[B, S, D])")
+    if min(q.shape) == 0 or min(k.shape) == 0 or min(v.shape) == 0:
+        return _hand_back("an empty tensor")
+    if v.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]:
+        return _hand_back("value head dim differs from the query's")
+    if attn_mask is not None and is_causal:
+        return _hand_back("attn_mask and is_causal together (torch raises)")
+    three = q.dim() == 3
+    if three:  # [B, S, D]: one head
+        q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+    if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or k.shape[2] != v.shape[2]:
+        return _hand_back("batch or key shapes that torch broadcasts or refuses")
+    Hq, Hkv = q.shape[1], k.shape[1]
+    if Hq != Hkv and (not enable_gqa or Hq % Hkv):
+        return _hand_back("different head counts without enable_gqa (torch decides)")
+    mask = attn_mask
+    if mask is not None:
+        if not _plain(mask) or mask.device.type != "cpu":
+            return _hand_back("attn_mask is not a plain CPU tensor")
+        if mask.requires_grad and torch.is_grad_enabled():
+            return _hand_back("attn_mask requires grad (libsdpa gives masks no gradient)")
+        if mask.dtype != torch.bool and mask.dtype not in (torch.float32, q.dtype):
+            return _hand_back(f"attn_mask of dtype {mask.dtype} (libsdpa takes bool, float32 or "
+                              "the inputs' dtype)")
+        if three and mask.dim() == 3:
+            mask = mask.unsqueeze(1)
+        if mask.dim() > 4:
+            return _hand_back("attn_mask with more than 4 dimensions")
+        try:
+            torch.broadcast_shapes(mask.shape, (q.shape[0], Hq, q.shape[2], k.shape[2]))
+        except RuntimeError:
+            return _hand_back("attn_mask that does not broadcast to [B, H, Sq, Skv]")
+    try:
+        out = libsdpa.attention(q, k, v, layout="bhsd", is_causal=bool(is_causal), scale=scale,
+                                enable_gqa=True if Hq != Hkv else None, attn_mask=mask)
+    except (libsdpa.OutOfMemoryError, libsdpa.DeviceError):
+        raise
+    except libsdpa.Error as e:
+        return _hand_back(f"libsdpa refused it: {type(e).__name__}: {e}")
+    with _lock:
+        _taken[libsdpa.last_backend() or "?"] += 1
+    return out.squeeze(1) if three else out
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    """torch's signature; what enable() installs."""
+    out = _route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if out is None:
+        return _ORIGINAL(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return out
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _ORIGINAL or func is _sdpa:
+            out = _route(*args, **kwargs)
+            if out is not None:
+                return out
+            return _ORIGINAL(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+class route_torch_sdpa:
+    """with libsdpa.route_torch_sdpa(): every torch SDPA call on this thread
+    goes to libsdpa where libsdpa computes exactly what torch would (see the
+    module's docstring); the rest to torch, counted. Nests."""
+
+    def __enter__(self):
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+def enable():
+    """Route every call through torch.nn.functional.scaled_dot_product_attention
+    (all threads), until disable()."""
+    torch.nn.functional.scaled_dot_product_attention = _sdpa
+
+
+def disable():
+    torch.nn.functional.scaled_dot_product_attention = _ORIGINAL
+
+
+def enabled():
+    return torch.nn.functional.scaled_dot_product_attention is _sdpa
+
+
+def stats():
+    """{"taken": n, "by_backend": {backend: n}, "handed_back": n,
+    "reasons": {reason: n}} for this process so far."""
+    with _lock:
+        return {"taken": sum(_taken.values()), "by_backend": dict(_taken),
+                "handed_back": sum(_handed_back.values()), "reasons": dict(_handed_back)}
+
+
+def reset_stats():
+    with _lock:
+        _taken.clear()
+        _handed_back.clear()
+
+
+def explain():
+    """The counts as text: how many torch SDPA calls libsdpa took (by
+    backend) and how many it handed back to torch, and why."""
+    s = stats()
+    lines = [f"torch SDPA calls taken by libsdpa: {s['taken']}"]
+    lines += [f"  {n:8d}  {b}" for b, n in sorted(s["by_backend"].items(), key=lambda x: -x[1])]
+    lines.append(f"handed back to torch: {s['handed_back']}")
+    lines += [f"  {n:8d}  {r}" for r, n in sorted(s["reasons"].items(), key=lambda x: -x[1])]
+    return "\n".join(lines)
