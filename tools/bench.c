@@ -7,6 +7,9 @@
  * Reported per (row, backend): median, min and max milliseconds and
  * GFLOP/s from the median, with FLOPs = 4 B Hq Sq Skv D (halved for causal
  * with Sq == Skv). "chosen" is what the dispatcher would run for the row.
+ * --backward times sdpa_backward instead (from the out and LSE of one
+ * forward call, a random dout), counting its five products: 2.5 times the
+ * forward's FLOPs.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "commands.h"
@@ -112,8 +115,8 @@ int cmd_bench(int argc, char **argv)
     tool_flag f[] = {{"--suite", 1, NULL},   {"--shape", 1, NULL}, {"--backends", 1, NULL},
                      {"--dtype", 1, NULL},   {"--causal", 1, NULL}, {"--reps", 1, NULL},
                      {"--threads", 1, NULL}, {"--json", 0, NULL},   {"--plot", 1, NULL},
-                     {"--sp", 1, NULL}};
-    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, PLOT, SP, NF };
+                     {"--sp", 1, NULL},      {"--backward", 0, NULL}};
+    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, PLOT, SP, BACKWARD, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -136,9 +139,15 @@ int cmd_bench(int argc, char **argv)
     long long reps = 5;
     if (f[REPS].value && !tool_parse_int(f[REPS].value, 1, 1000, &reps))
         return tool_usage_error("--reps '%s' is not a number in 1..1000", f[REPS].value);
-    for (int r = 0; r < n_rows; r++)
+    const int backward = f[BACKWARD].value != NULL;
+    for (int r = 0; r < n_rows; r++) {
         if (f[CAUSAL].value)
             rows[r].d.causal = causal;
+        if (backward) /* the backward pass reads the forward's LSE */
+            rows[r].d.backward = rows[r].d.want_lse = 1;
+    }
+    if (f[SP].value && backward)
+        return tool_usage_error("--sp times the forward pass only (no --backward)");
     if (f[SP].value) { /* sequence-parallel over the ranks mpirun started */
 #ifdef SDPA_HAVE_MPI
         if (f[BACKENDS].value || f[JSON].value || f[PLOT].value)
@@ -217,6 +226,9 @@ int cmd_bench(int argc, char **argv)
         printf("# sdpa bench %s  %s  %d threads  dtype %s  %lld reps (interleaved), %s\n",
                sdpa_version(), plat->cpu_model, sdpa_context_threads(ctx), sdpa_dtype_name(dtype),
                reps, date);
+        if (backward)
+            printf("# backward pass (sdpa_backward, --backward): GFLOP/s count its five "
+                   "products, 2.5x the forward's FLOPs\n");
         printf("# ceiling: fp32 FMA peak %.0f GFLOP/s (%s probe, %d threads, this run); "
                "x portable / x blas: speed-up over those backends in this run\n",
                ceiling, ceiling_isa, sdpa_context_threads(ctx));
@@ -244,8 +256,15 @@ int cmd_bench(int argc, char **argv)
     for (int r = 0; r < n_rows && rc == 0; r++) {
         sdpa_call_desc *d = &rows[r].d;
         problem pb;
-        if (!problem_make(&pb, d, rows[r].seq_len_kv, dtype, 0)) {
+        problem_grads pg;
+        if (!problem_make(&pb, d, rows[r].seq_len_kv, dtype, backward)) {
             rc = tool_usage_error("row %s: out of memory for its tensors", rows[r].name);
+            break;
+        }
+        if (backward && !problem_backward_make(&pg, &pb, ctx, d)) {
+            rc = tool_usage_error("row %s: its forward call for the backward pass: %s",
+                                  rows[r].name, sdpa_last_error());
+            problem_free(&pb);
             break;
         }
         sdpa_tensor tq = pb.q, tk = pb.k, tv = pb.v, to = pb.out;
@@ -270,9 +289,11 @@ int cmd_bench(int argc, char **argv)
                 continue;
             }
             /* Warm-up: what the backend builds on first use (cuDNN plans), then one call. */
-            sdpa_status st = sdpa_warmup(ctx, &tq, &tk, &tv, &to, NULL, &p);
+            sdpa_status st = backward ? SDPA_OK : sdpa_warmup(ctx, &tq, &tk, &tv, &to, NULL, &p);
             if (st == SDPA_OK)
-                st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
+                st = backward ? sdpa_backward(ctx, &tq, &tk, &tv, &to, pb.lse, &pg.dout, NULL,
+                                              &pg.dq, &pg.dk, &pg.dv, &p)
+                              : sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
             status[b] = st;
             if (st != SDPA_OK)
                 snprintf(refused[b], sizeof refused[b], "%s: %s", sdpa_status_string(st),
@@ -288,7 +309,10 @@ int cmd_bench(int argc, char **argv)
                 p.causal = d->causal;
                 p.mask = pb.mask;
                 double t0 = tool_now_ms();
-                sdpa_status st = sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
+                sdpa_status st = backward ? sdpa_backward(ctx, &tq, &tk, &tv, &to, pb.lse,
+                                                          &pg.dout, NULL, &pg.dq, &pg.dk,
+                                                          &pg.dv, &p)
+                                          : sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
                 t[b * reps + rep] = tool_now_ms() - t0;
                 if (st != SDPA_OK) { /* a timed call failed: no figure for it */
                     status[b] = st;
@@ -312,7 +336,10 @@ int cmd_bench(int argc, char **argv)
                 continue;
             failed |= status[b] != SDPA_OK;
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
-            const double gf = refused[b][0] ? 0.0 : suite_flops(d, rows[r].seq_len_kv) / (med[b] * 1e6);
+            const double gf = refused[b][0] ? 0.0
+                                            : (backward ? 2.5 : 1.0) *
+                                                  suite_flops(d, rows[r].seq_len_kv) /
+                                                  (med[b] * 1e6);
             const double pct = bceil[b] > 0 ? 100.0 * gf / bceil[b] : 0.0;
             plot_gf[r * nb + b] = gf;
             const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
@@ -328,6 +355,8 @@ int cmd_bench(int argc, char **argv)
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
                        sdpa_dtype_name(dtype), d->causal ? "true" : "false", names[b]);
+                if (backward)
+                    printf(",\"backward\":true");
                 if (rows[r].seq_len_kv > 0 || d->mask)
                     printf(",\"seq_len_kv\":%lld", (long long)rows[r].seq_len_kv);
                 if (refused[b][0]) {
@@ -375,6 +404,8 @@ int cmd_bench(int argc, char **argv)
                 printf("%-20s dispatcher would choose %s (not benchmarked)\n", "", chosen);
         }
         fflush(stdout);
+        if (backward)
+            problem_backward_free(&pg);
         problem_free(&pb);
     }
     free(t);

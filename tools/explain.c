@@ -9,8 +9,9 @@ int cmd_explain(int argc, char **argv)
     tool_flag f[] = {{"--shape", 1, NULL},     {"--dtype", 1, NULL},     {"--causal", 1, NULL},
                 {"--lse", 0, NULL},       {"--platform", 1, NULL},  {"--quant", 1, NULL},
                 {"--component", 1, NULL}, {"--backend", 1, NULL},   {"--json", 0, NULL},
-                {"--deterministic", 0, NULL}, {"--mask", 1, NULL}};
-    enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, MASK, NF };
+                {"--deterministic", 0, NULL}, {"--mask", 1, NULL}, {"--backward", 0, NULL}};
+    enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, MASK,
+           BACKWARD, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -34,6 +35,9 @@ int cmd_explain(int argc, char **argv)
                                 f[MASK].value);
     d.want_lse = f[LSE].value != NULL;
     d.deterministic = f[DET].value != NULL;
+    d.backward = f[BACKWARD].value != NULL; /* sdpa_backward: it needs the forward's LSE */
+    if (d.backward)
+        d.want_lse = 1;
     d.quant = f[QUANT].value;
     d.component = f[COMPONENT].value;
     d.backend = f[BACKEND].value;

@@ -45,6 +45,7 @@ static const command commands[] = {
      "  --platform cpu|cpu:isa=LEVEL|cuda:sm_XY[,cudnn=N]   decide for that machine\n"
      "  --quant NAME  --component NAME  --backend NAME  --deterministic\n"
      "  --mask none|seq_len|key|general[,..]   the masks the call carries\n"
+     "  --backward                      the backward pass (sdpa_backward; it reads the LSE)\n"
      "  --json                          one JSON object\n"},
     {"bench", cmd_bench, "interleaved timing of backends on shape suites",
      "  --suite FILE | --shape B,Sq,Skv,Hq,Hkv,D\n"
@@ -52,6 +53,7 @@ static const command commands[] = {
      "  --dtype f32|f16|bf16  --causal ..  --reps N  --threads N\n"
      "  --json                          one JSON object per row\n"
      "  --plot FILE.svg                 GFLOP/s per row and backend\n"
+     "  --backward                      time the backward pass (sdpa_backward)\n"
      "  --sp ring|ulysses|usp:UxR       under mpirun: each row sequence-parallel; per rank\n"
      "                                  time, compute, blocked time, bytes and overlap\n"},
     {"check", cmd_check, "numerics of every backend against the float64 reference",

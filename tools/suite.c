@@ -255,6 +255,36 @@ int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_d
     return 1;
 }
 
+int problem_backward_make(problem_grads *g, problem *p, sdpa_context *ctx,
+                          const sdpa_call_desc *d)
+{
+    memset(g, 0, sizeof *g);
+    const size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D);
+    const size_t nk = (size_t)(d->B * d->Skv * d->Hkv * d->D);
+    void *dout = random_tensor(p->q.dtype, nq);
+    float *dq = malloc(sizeof(float) * (nq ? nq : 1)), *dk = malloc(sizeof(float) * (nk ? nk : 1));
+    float *dv = malloc(sizeof(float) * (nk ? nk : 1));
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.causal = d->causal;
+    prm.mask = p->mask;
+    if (!dout || !dq || !dk || !dv || !p->lse ||
+        sdpa_forward(ctx, &p->q, &p->k, &p->v, &p->out, p->lse, &prm) != SDPA_OK) {
+        free(dout), free(dq), free(dk), free(dv);
+        return 0;
+    }
+    g->dout = sdpa_tensor_bshd(dout, p->q.dtype, d->B, d->Sq, d->Hq, d->D);
+    g->dq = sdpa_tensor_bshd(dq, SDPA_F32, d->B, d->Sq, d->Hq, d->D);
+    g->dk = sdpa_tensor_bshd(dk, SDPA_F32, d->B, d->Skv, d->Hkv, d->D);
+    g->dv = sdpa_tensor_bshd(dv, SDPA_F32, d->B, d->Skv, d->Hkv, d->D);
+    return 1;
+}
+
+void problem_backward_free(problem_grads *g)
+{
+    free(g->dout.data), free(g->dq.data), free(g->dk.data), free(g->dv.data);
+    memset(g, 0, sizeof *g);
+}
+
 void problem_free(problem *p)
 {
     free(p->q.data), free(p->k.data), free(p->v.data), free(p->out.data), free(p->lse);

@@ -75,4 +75,16 @@ int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_d
                  int with_lse);
 void problem_free(problem *p);
 
+/* What a backward call of a problem adds: a random dout in the inputs'
+ * dtype and f32 gradients; problem_backward_make also fills the problem's
+ * out and LSE by one forward call on ctx (the dispatcher's choice), which
+ * needs p made with_lse. 0 on failure (the library's message stands). */
+typedef struct problem_grads {
+    sdpa_tensor dout, dq, dk, dv;
+} problem_grads;
+
+int problem_backward_make(problem_grads *g, problem *p, sdpa_context *ctx,
+                          const sdpa_call_desc *d);
+void problem_backward_free(problem_grads *g);
+
 #endif

@@ -6,7 +6,8 @@
  *
  *   peers_libsdpa  libsdpa's public API through a layer (decision cached,
  *                  as a model's attention calls it): the dispatcher's
- *                  choice (backend NULL) or a named backend
+ *                  choice (backend NULL) or a named backend;
+ *   peers_libsdpa_backward  the backward pass of the same call, the same way
  *   peers_openblas the unfused attention a careful C programmer writes
  *                  with OpenBLAS: per (batch, head, block of 256 query
  *                  rows) S = scale Q K^T by cblas_sgemm, a softmax whose
@@ -101,6 +102,52 @@ double peers_libsdpa(const char *backend, const void *q, const void *k, const vo
 }
 
 const char *peers_libsdpa_choice(void) { return choice; }
+
+/* The backward pass of the same call (sdpa_layer_backward), from the
+ * forward's out (inputs' dtype) and LSE, into dq, dk, dv of the inputs'
+ * dtype; seconds per call, or -1 (peers_last_error). */
+double peers_libsdpa_backward(const char *backend, const void *q, const void *k, const void *v,
+                              const void *out, const float *lse, const void *dout, void *dq,
+                              void *dk, void *dv, int64_t B, int64_t Sq, int64_t Skv, int64_t Hq,
+                              int64_t Hkv, int64_t D, int dtype, int threads, int calls)
+{
+    if (ensure_ctx(threads))
+        return -1;
+    const sdpa_dtype t = dtype ? SDPA_BF16 : SDPA_F32;
+    sdpa_tensor tq = sdpa_tensor_bshd((void *)q, t, B, Sq, Hq, D);
+    sdpa_tensor tk = sdpa_tensor_bshd((void *)k, t, B, Skv, Hkv, D);
+    sdpa_tensor tv = sdpa_tensor_bshd((void *)v, t, B, Skv, Hkv, D);
+    sdpa_tensor to = sdpa_tensor_bshd((void *)out, t, B, Sq, Hq, D);
+    sdpa_tensor tdo = sdpa_tensor_bshd((void *)dout, t, B, Sq, Hq, D);
+    sdpa_tensor tdq = sdpa_tensor_bshd(dq, t, B, Sq, Hq, D);
+    sdpa_tensor tdk = sdpa_tensor_bshd(dk, t, B, Skv, Hkv, D);
+    sdpa_tensor tdv = sdpa_tensor_bshd(dv, t, B, Skv, Hkv, D);
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.name = "peers-backward";
+    ld.backend = backend;
+    sdpa_layer *layer;
+    if (sdpa_layer_create(ctx, &ld, &layer) != SDPA_OK) {
+        snprintf(last_error, sizeof last_error, "libsdpa: %s", sdpa_last_error());
+        return -1;
+    }
+    double per_call = -1, t0 = 0;
+    for (int i = 0; i <= calls; i++) { /* call 0 decides, untimed */
+        if (i == 1)
+            t0 = now_s();
+        if (sdpa_layer_backward(layer, &tq, &tk, &tv, &to, lse, &tdo, NULL, &tdq, &tdk, &tdv,
+                                NULL) != SDPA_OK) {
+            snprintf(last_error, sizeof last_error, "libsdpa: %s", sdpa_last_error());
+            sdpa_layer_destroy(layer);
+            return -1;
+        }
+        if (i == 0)
+            choice = sdpa_last_backend();
+        if (i == calls)
+            per_call = calls ? (now_s() - t0) / calls : 0;
+    }
+    sdpa_layer_destroy(layer);
+    return per_call;
+}
 
 /* ---- OpenBLAS */
 

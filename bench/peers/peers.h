@@ -17,6 +17,12 @@ double peers_libsdpa(const char *backend, const void *q, const void *k, const vo
                      int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D,
                      int dtype, int threads, int calls);
 const char *peers_libsdpa_choice(void);
+/* Its backward pass: out (inputs' dtype) and lse (float32 [B, Hq, Sq]) of
+ * the forward, dout, into dq, dk, dv (inputs' dtype); the choice as above. */
+double peers_libsdpa_backward(const char *backend, const void *q, const void *k, const void *v,
+                              const void *out, const float *lse, const void *dout, void *dq,
+                              void *dk, void *dv, int64_t B, int64_t Sq, int64_t Skv, int64_t Hq,
+                              int64_t Hkv, int64_t D, int dtype, int threads, int calls);
 
 /* The unfused peers (peers.c says how each is written). */
 double peers_openblas(const float *q, const float *k, const float *v, float *out, int64_t B,

@@ -29,6 +29,16 @@ Every contender's first output is checked against torch's float64 SDPA on
 the first query head; a contender off by more than its dtype allows is
 reported and left out of the ratios.
 
+--backward times the backward pass instead (dq, dk, dv from the output's
+gradient, the forward's out and LSE): libsdpa's sdpa_backward (the
+dispatcher's choice and each backend with a backward pass, peers.c)
+against torch's own backward of F.scaled_dot_product_attention (the
+kernel torch dispatches to: its CPU flash-attention backward for these
+calls), timed as torch.autograd.grad of the saved graph. GFLOP/s then
+counts the backward's five products, 10 B Hq Sq Skv D; dq is checked
+against torch's float64 backward on the first query head (dk and dv too
+where every query head has its own KV head).
+
 OpenMP: the OpenBLAS and oneDNN peers and torch each run OpenMP thread
 teams; GOMP_SPINCOUNT is set (unless given) so that their idle threads
 spin about as long as libsdpa's pool does (50 us) instead of taking the
@@ -90,7 +100,10 @@ class Peers:
         L.peers_libsdpa.argtypes = [ctypes.c_char_p, vp, vp, vp, vp] + dims + [ctypes.c_int] * 3
         L.peers_openblas.argtypes = [vp, vp, vp, vp] + dims + [ctypes.c_int] * 2
         L.peers_dnnl.argtypes = [vp, vp, vp, vp] + dims + [ctypes.c_int] * 3
-        for f in ("peers_libsdpa", "peers_openblas", "peers_dnnl", "peers_ceiling"):
+        L.peers_libsdpa_backward.argtypes = [ctypes.c_char_p] + [vp] * 9 + dims + \
+            [ctypes.c_int] * 3
+        for f in ("peers_libsdpa", "peers_openblas", "peers_dnnl", "peers_ceiling",
+                  "peers_libsdpa_backward"):
             getattr(L, f).restype = ctypes.c_double
         L.peers_ceiling.argtypes = [ctypes.c_char_p, ctypes.c_int]
         for f in ("peers_last_error", "peers_libsdpa_choice", "peers_dnnl_version",
@@ -118,6 +131,120 @@ class Peers:
         return seconds
 
 
+def forward_arms(peers, q, k, v, dims, bf16, T, outs, backends, r, Hq):
+    """The forward contenders of one row: {name: run(n) -> seconds per call},
+    the dispatcher's choice, and torch's float64 result on the first query
+    head (outs[name] receives each contender's output, as a 1-tuple)."""
+    L = peers.lib
+    B, Sq, Skv, Hq, Hkv, D = dims
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+
+    def c_arm(name, fn):
+        o = torch.empty_like(q)
+        outs[name] = (o,)
+        return lambda n: peers.checked(fn(o, n))
+
+    arms = {}
+    arms["libsdpa"] = c_arm("libsdpa", lambda o, n: L.peers_libsdpa(
+        None, ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))
+    peers.checked(L.peers_libsdpa(None, ptr(q), ptr(k), ptr(v), ptr(outs["libsdpa"][0]), *dims,
+                                  int(bf16), T, 1))
+    chosen = L.peers_libsdpa_choice().decode()
+    for b in backends:
+        name = b["name"].encode()
+        arms[b["name"]] = c_arm(b["name"], (lambda nm: lambda o, n: L.peers_libsdpa(
+            nm, ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))(name))
+    if not bf16:
+        arms["openblas"] = c_arm("openblas", lambda o, n: L.peers_openblas(
+            ptr(q), ptr(k), ptr(v), ptr(o), *dims, T, n))
+    arms["onednn"] = c_arm("onednn", lambda o, n: L.peers_dnnl(
+        ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def torch_arm(n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                                 enable_gqa=Hq != Hkv)
+        outs["torch"] = (o.transpose(1, 2),)
+        return (time.perf_counter() - t0) / n
+
+    arms["torch"] = torch_arm
+    with torch.no_grad():
+        for n in list(arms):  # warm-up, and the outputs to check
+            try:
+                arms[n](1)
+            except RuntimeError as e:
+                if n != "onednn":
+                    raise
+                # oneDNN 2.6 has no bf16 matmul without AVX512-BF16 or AMX (Zen 3)
+                print(f"{r['name']:22} {Hq:3} onednn: left out, not available here: {e}")
+                del arms[n], outs[n]
+        # float64 check on head 0 (head 0 reads KV head 0)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            qt[:, :1].double(), kt[:, :1].double(), vt[:, :1].double()).transpose(1, 2)
+    return arms, chosen, (ref,)
+
+
+def backward_arms(peers, q, k, v, dims, bf16, T, outs):
+    """The backward contenders of one row (see --backward): libsdpa's
+    dispatcher and backends with a backward pass, and torch; outs[name]
+    receives (dq,) or (dq, dk, dv); the float64 reference likewise."""
+    L = peers.lib
+    B, Sq, Skv, Hq, Hkv, D = dims
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    gqa = Hq != Hkv
+    gen = torch.Generator().manual_seed(2)
+    dout = (torch.rand(q.shape, generator=gen) * 2 - 1).to(q.dtype)
+    # torch's forward, kept for its backward; its out and LSE feed libsdpa's
+    qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, enable_gqa=gqa)
+    with torch.no_grad():
+        kk, vv = (x.transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1) for x in (k, v))
+        s = qt.float() @ kk.float().transpose(-1, -2) * D ** -0.5
+        lse = torch.logsumexp(s, -1).contiguous()  # [B, Hq, Sq] float32
+        del s
+    out = ot.detach().transpose(1, 2).contiguous()
+    dot = dout.transpose(1, 2)
+
+    def c_arm(name, backend):
+        g = [torch.empty_like(x) for x in (q, k, v)]
+        outs[name] = tuple(g) if not gqa else (g[0],)
+        return lambda n: peers.checked(L.peers_libsdpa_backward(
+            backend, ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse), ptr(dout), *map(ptr, g), *dims,
+            int(bf16), T, n))
+
+    arms = {"libsdpa": c_arm("libsdpa", None)}
+    arms["libsdpa"](1)
+    chosen = L.peers_libsdpa_choice().decode()
+    info = peers.info(T)
+    for b in info["backends"]:
+        if (b["device"] == "cpu" and b["present"] and b.get("backward") and
+                b["name"] not in ("ref", "cpu.portable")):
+            arms[b["name"]] = c_arm(b["name"], b["name"].encode())
+
+    def torch_arm(n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            g = torch.autograd.grad(ot, (qt, kt, vt), dot, retain_graph=True)
+        per = (time.perf_counter() - t0) / n
+        g = [x.transpose(1, 2) for x in g]
+        outs["torch"] = tuple(g) if not gqa else (g[0],)
+        return per
+
+    arms["torch"] = torch_arm
+    for n in arms:  # warm-up, and the gradients to check
+        arms[n](1)
+    # float64 on head 0 (and its KV head, when it is its own)
+    q0, k0, v0 = (x[:, :, :1].double().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        o0 = torch.nn.functional.scaled_dot_product_attention(
+            q0.transpose(1, 2), k0.transpose(1, 2), v0.transpose(1, 2))
+        g0 = torch.autograd.grad(o0, (q0, k0, v0), dout[:, :, :1].double().transpose(1, 2))
+    return arms, chosen, (g0 if not gqa else g0[:1])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lib", required=True, help="libsdpa_peers.so (built by CMake)")
@@ -129,6 +256,8 @@ def main(argv=None):
     p.add_argument("--rows", help="comma-separated row names to run (default: all)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 if any contender's output is wrong (CI's smoke run)")
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward pass: libsdpa's against torch's")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     peers = Peers(a.lib)
@@ -140,7 +269,8 @@ def main(argv=None):
     bf16_ceil = max(L.peers_ceiling(b"avx512-bf16", T) for _ in range(3))
     amx_ceil = max(L.peers_ceiling(b"amx-bf16", T) for _ in range(3))
     backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
-                and a.dtype in b["dtypes"] and b["name"] not in ("ref", "cpu.portable")]
+                and a.dtype in b["dtypes"] and b["name"] not in ("ref", "cpu.portable")
+                and (b.get("backward") or not a.backward)]
     # Each contender's %peak is of the unit its products run on: AMX tiles
     # (TDPBF16PS) for cpu.amx, VDPBF16PS for the other bf16-product backends,
     # fp32 FMA for the rest. torch's and oneDNN's bf16 paths take AMX where
@@ -152,7 +282,8 @@ def main(argv=None):
                       else "fp32")
     ceilings = {"fp32": ceil, "avx512-bf16": bf16_ceil, "amx-bf16": amx_ceil}
     print(f"# bench/peers/peers.py --suite {pathlib.Path(a.suite).name} --dtype {a.dtype} "
-          f"--reps {a.reps} --max-gflop {a.max_gflop:g}, {datetime.date.today()}")
+          f"--reps {a.reps} --max-gflop {a.max_gflop:g}{' --backward' if a.backward else ''}, "
+          f"{datetime.date.today()}")
     print(f"# CPU {cpu_model()} ({info['cpu']['model']}), {T} threads; libsdpa {info['version']}, "
           f"torch {torch.__version__}, oneDNN {L.peers_dnnl_version().decode()}, "
           f"OpenBLAS {L.peers_openblas_config().decode()}")
@@ -165,6 +296,9 @@ def main(argv=None):
               peer_bf16_unit] + ", of the rest fp32 FMA")
     print("# heads cut to keep a call <= %g GFLOP (Hq/Hkv kept); padded rows run unpadded; "
           "torch timed from Python, the rest in C" % a.max_gflop)
+    if a.backward:
+        print("# backward pass: dq, dk, dv from dout, out and the LSE; GFLOP/s = 10 B Hq Sq "
+              "Skv D / time (five products); torch: torch.autograd.grad of its SDPA")
     print(f"{'row':22} {'Hq':>3} {'contender':24} {'median_ms':>10} {'GFLOP/s':>8} {'%peak':>6} "
           f"{'maxrel':>8}")
     wanted = set(a.rows.split(",")) if a.rows else None
@@ -180,69 +314,28 @@ def main(argv=None):
         q = (torch.rand(B, Sq, Hq, D, generator=gen) * 2 - 1).to(tdtype)
         k = (torch.rand(B, Skv, Hkv, D, generator=gen) * 2 - 1).to(tdtype)
         v = (torch.rand(B, Skv, Hkv, D, generator=gen) * 2 - 1).to(tdtype)
-        ptr = lambda t: ctypes.c_void_p(t.data_ptr())
         dims = (B, Sq, Skv, Hq, Hkv, D)
         outs = {}
-
-        def c_arm(name, fn):
-            o = torch.empty_like(q)
-            outs[name] = o
-            return lambda n: peers.checked(fn(o, n))
-
-        arms = {}
-        arms["libsdpa"] = c_arm("libsdpa", lambda o, n: L.peers_libsdpa(
-            None, ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))
-        peers.checked(L.peers_libsdpa(None, ptr(q), ptr(k), ptr(v), ptr(outs["libsdpa"]), *dims,
-                                      int(bf16), T, 1))
-        chosen = L.peers_libsdpa_choice().decode()
-        for b in backends:
-            name = b["name"].encode()
-            arms[b["name"]] = c_arm(b["name"], (lambda nm: lambda o, n: L.peers_libsdpa(
-                nm, ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))(name))
-        if not bf16:
-            arms["openblas"] = c_arm("openblas", lambda o, n: L.peers_openblas(
-                ptr(q), ptr(k), ptr(v), ptr(o), *dims, T, n))
-        arms["onednn"] = c_arm("onednn", lambda o, n: L.peers_dnnl(
-            ptr(q), ptr(k), ptr(v), ptr(o), *dims, int(bf16), T, n))
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-        def torch_arm(n):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
-                                                                     enable_gqa=Hq != Hkv)
-            outs["torch"] = o.transpose(1, 2)
-            return (time.perf_counter() - t0) / n
-
-        arms["torch"] = torch_arm
-        with torch.no_grad():
-            for n in list(arms):  # warm-up, and the outputs to check
-                try:
-                    arms[n](1)
-                except RuntimeError as e:
-                    if n != "onednn":
-                        raise
-                    # oneDNN 2.6 has no bf16 matmul without AVX512-BF16 or AMX (Zen 3)
-                    print(f"{r['name']:22} {Hq:3} onednn: left out, not available here: {e}")
-                    del arms[n], outs[n]
-            one = {n: max(arms[n](1), 1e-6) for n in arms}
-            calls = {n: max(1, min(1000, int(0.02 / one[n]))) for n in arms}
-            t = {n: [] for n in arms}
-            names = list(arms)
-            for rep in range(a.reps):
-                for i in range(len(names)):
-                    n = names[(i + rep) % len(names)]
-                    t[n].append(arms[n](calls[n]) * 1e3)
-            # float64 check on head 0 (head 0 reads KV head 0)
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                qt[:, :1].double(), kt[:, :1].double(), vt[:, :1].double()).transpose(1, 2)
-        scale_ref = ref.abs().max().item()
-        flops = 4.0 * B * Hq * Sq * Skv * D
+        if a.backward:
+            arms, chosen, ref = backward_arms(peers, q, k, v, dims, bf16, T, outs)
+        else:
+            arms, chosen, ref = forward_arms(peers, q, k, v, dims, bf16, T, outs, backends,
+                                             r, Hq)
+        names = list(arms)
+        one = {n: max(arms[n](1), 1e-6) for n in arms}
+        calls = {n: max(1, min(1000, int(0.02 / one[n]))) for n in arms}
+        t = {n: [] for n in arms}
+        for rep in range(a.reps):
+            for i in range(len(names)):
+                n = names[(i + rep) % len(names)]
+                t[n].append(arms[n](calls[n]) * 1e3)
+        flops = (10.0 if a.backward else 4.0) * B * Hq * Sq * Skv * D
         med = {n: statistics.median(v) for n, v in t.items()}
         bad = set()
         for n in names:
-            err = (outs[n][:, :, :1].double() - ref).abs().max().item() / scale_ref
-            tol = 2e-2 if bf16 else 1e-4
+            err = max((o[:, :, :1].double() - w).abs().max().item() /
+                      max(w.abs().max().item(), 1e-30) for o, w in zip(outs[n], ref))
+            tol = (5e-2 if a.backward else 2e-2) if bf16 else 1e-4
             if not err <= tol:
                 bad.add(n)
             gf = flops / (med[n] * 1e6)

@@ -2,7 +2,10 @@
 # run.sh - the peer benchmark, f32 and bf16, on a suite (default
 # diffusion-cpu), raw output into bench/results/DATE-peers-{f32,bf16}.txt:
 #
-#   bench/peers/run.sh [suite.tsv] [reps]
+#   bench/peers/run.sh [--backward] [suite.tsv] [reps]
+#
+# --backward times the backward pass (peers.py --backward) into
+# DATE-peers-backward-SUITE-{f32,bf16}.txt.
 #
 # Builds build/ (libsdpa_peers.so needs OpenBLAS, oneDNN and OpenMP:
 # scripts/deps.sh installs them) and uses the venv with torch that
@@ -10,6 +13,13 @@
 # Run it on a quiet machine: the figures are ratios measured side by side.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+pass=()
+what=peers
+if [ "${1:-}" = "--backward" ]; then
+  pass=(--backward)
+  what=peers-backward
+  shift
+fi
 suite=${1:-bench/shapes/diffusion-cpu.tsv}
 reps=${2:-7}
 scripts/deps.sh
@@ -22,11 +32,11 @@ fi
 day=$(date +%F)
 name=$(basename "$suite" .tsv)
 for dtype in f32 bf16; do
-  out="bench/results/$day-peers-$name-$dtype.txt"
+  out="bench/results/$day-$what-$name-$dtype.txt"
   # never over an earlier run (another machine's, perhaps): the next free name
   n=2
-  while [ -e "$out" ]; do out="bench/results/$day-peers-$name-$dtype-$n.txt"; n=$((n + 1)); done
+  while [ -e "$out" ]; do out="bench/results/$day-$what-$name-$dtype-$n.txt"; n=$((n + 1)); done
   echo "run.sh: writing $out" >&2
   build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so --suite "$suite" \
-    --dtype "$dtype" --reps "$reps" | tee "$out"
+    --dtype "$dtype" --reps "$reps" "${pass[@]}" | tee "$out"
 done

@@ -141,17 +141,50 @@ static void bwd_gemm(int M, int N, int K, const float *a, ptrdiff_t rs, ptrdiff_
     }
 }
 
+/*
+ * How a call is cut into tasks, from its shape alone (never the thread
+ * count: the sums then run in one order whatever the threads, so the
+ * gradients are deterministic). One task per (batch, KV head) when there
+ * are at least 16; else each is cut into chunks until there are 16 tasks,
+ * along whichever side keeps the partial sums smaller: the rows (each
+ * chunk adds its part of dK, dV for all keys: Skv D floats, kept and
+ * summed after; cross-attention to a short text) or the keys (each chunk
+ * adds its part of dQ for all rows: rows D floats).
+ */
 typedef struct bwd_split {
-    int64_t chunks;      /* key chunks per (batch, KV head) */
-    int64_t chunk_keys;  /* keys per chunk (a multiple of BWD_BK) */
-    int64_t rows;        /* rows of a task: G Sq, head-major */
-    int64_t Dp;          /* D rounded up to VL */
+    int by_rows;        /* chunks of rows (partial dK, dV), else of keys (partial dQ) */
+    int64_t chunks;     /* per (batch, KV head) */
+    int64_t chunk_rows; /* rows per chunk: a multiple of BWD_BQ, or all the rows */
+    int64_t chunk_keys; /* keys per chunk: a multiple of BWD_BK, or all the keys */
+    int64_t rows;       /* rows of a (batch, KV head): G Sq, head-major */
+    int64_t Dp;         /* D rounded up to VL */
 } bwd_split;
 
+static bwd_split bwd_split_make(const sdpa_call_desc *d)
+{
+    bwd_split s;
+    s.rows = d->Hq / d->Hkv * d->Sq;
+    s.Dp = (d->D + VL - 1) / VL * VL;
+    const int64_t heads = d->B * d->Hkv;
+    int64_t want = heads >= 16 ? 1 : (16 + heads - 1) / heads;
+    s.by_rows = want > 1 && s.rows > d->Skv;
+    const int64_t step = s.by_rows ? BWD_BQ : BWD_BK;
+    const int64_t blocks = ((s.by_rows ? s.rows : d->Skv) + step - 1) / step;
+    if (want > blocks)
+        want = blocks;
+    const int64_t per = (blocks + want - 1) / want;
+    s.chunks = (blocks + per - 1) / per;
+    s.chunk_rows = s.by_rows ? per * BWD_BQ : s.rows;
+    s.chunk_keys = s.by_rows ? d->Skv : per * BWD_BK;
+    if (s.chunk_rows > s.rows)
+        s.chunk_rows = s.rows;
+    return s;
+}
+
 typedef struct bwd_work {
-    float *qs, *dout;    /* [rows][Dp] scaled q, dO (real rows only)    */
-    float *lse, *di;     /* [rows] the forward's LSE (+inf: sees no key), dO . O */
-    float *dq;           /* [rows][Dp] dQ (unscaled), when not a chunk's */
+    float *qs, *dout;    /* [chunk_rows][Dp] scaled q, dO (real rows only) */
+    float *lse, *di;     /* [chunk_rows] the forward's LSE (+inf: sees no key), dO . O - dlse */
+    float *dq;           /* [chunk_rows][Dp] dQ (unscaled), unless chunks of keys */
     float *kt, *vt;      /* [D][BK]    K^T, V^T of the key block        */
     float *kr;           /* [BK][Dp]   K rows                           */
     float *dkt, *dvt;    /* [D][BK]    dK^T, dV^T of the key block      */
@@ -172,56 +205,39 @@ typedef struct bwd_job {
     const sdpa_call *c;
     bwd_split sp;
     bwd_work *ws;        /* per worker */
-    float *dq_parts;     /* [B Hkv chunks][rows][Dp], chunks > 1 only */
+    float *parts;        /* per task: dQ [rows][Dp] (chunks of keys) or dK, dV
+                          * [2][Skv][Dp] (chunks of rows); NULL with one chunk */
 } bwd_job;
 
-/* The split of a call into tasks, from its shape alone: one chunk per
- * (batch, KV head) when there are at least 16 of them, else chunks of
- * whole key blocks until there are 16 tasks (or one block per chunk). */
-static bwd_split bwd_split_make(const sdpa_call_desc *d)
-{
-    bwd_split s;
-    const int64_t blocks = (d->Skv + BWD_BK - 1) / BWD_BK, heads = d->B * d->Hkv;
-    int64_t want = heads >= 16 ? 1 : (16 + heads - 1) / heads;
-    if (want > blocks)
-        want = blocks;
-    const int64_t per = (blocks + want - 1) / want;
-    s.chunk_keys = per * BWD_BK;
-    s.chunks = (blocks + per - 1) / per;
-    s.rows = d->Hq / d->Hkv * d->Sq;
-    s.Dp = (d->D + VL - 1) / VL * VL;
-    return s;
-}
-
-/* Packs the task's real rows: qs = scale q, dO, the LSE (+inf where the
- * forward saw no key, so that P = 0 there), Di = dO . O. */
+/* Packs the task's real rows r_lo .. r_hi of its row space (buffers
+ * indexed from r_lo): qs = scale q, dO, the LSE (+inf where the forward
+ * saw no key, so that P = 0 there), Di = dO . O minus the LSE's gradient. */
 static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split *sp, int64_t b,
-                          int64_t hk, int64_t len_q)
+                          int64_t hk, int64_t len_q, int64_t r_lo, int64_t r_hi)
 {
     const sdpa_call_desc *d = &c->desc;
     const int64_t D = d->D, Dp = sp->Dp, G = d->Hq / d->Hkv;
-    for (int64_t g = 0; g < G; g++) {
-        const int64_t h = hk * G + g;
-        for (int64_t i = 0; i < len_q; i++) {
-            const int64_t r = g * d->Sq + i;
-            float *qs = w->qs + r * Dp, *dout = w->dout + r * Dp;
-            sdpa__load_row(sdpa__elem(c->q, sdpa__offset(c->q, b, i, h, 0)), c->q->dtype,
-                           c->q->stride[3], D, (float)c->scale, qs);
-            sdpa__load_row(sdpa__elem(c->dout, sdpa__offset(c->dout, b, i, h, 0)),
-                           c->dout->dtype, c->dout->stride[3], D, 1.0f, dout);
-            sdpa__load_row(sdpa__elem(c->out, sdpa__offset(c->out, b, i, h, 0)), c->out->dtype,
-                           c->out->stride[3], D, 1.0f, w->row);
-            float di = 0.0f;
-            for (int64_t e = 0; e < D; e++)
-                di += dout[e] * w->row[e];
-            for (int64_t e = D; e < Dp; e++)
-                qs[e] = dout[e] = 0.0f;
-            const int64_t at = (b * d->Hq + h) * d->Sq + i;
-            const float l = c->lse[at];
-            w->lse[r] = l == -INFINITY ? INFINITY : l;
-            /* the LSE's gradient g adds g P_ij to dS_ij: D_i - g_i */
-            w->di[r] = c->dlse ? di - c->dlse[at] : di;
-        }
+    for (int64_t r = r_lo; r < r_hi; r++) {
+        const int64_t h = hk * G + r / d->Sq, i = r % d->Sq;
+        if (i >= len_q)
+            continue; /* padding: never read */
+        float *qs = w->qs + (r - r_lo) * Dp, *dout = w->dout + (r - r_lo) * Dp;
+        sdpa__load_row(sdpa__elem(c->q, sdpa__offset(c->q, b, i, h, 0)), c->q->dtype,
+                       c->q->stride[3], D, (float)c->scale, qs);
+        sdpa__load_row(sdpa__elem(c->dout, sdpa__offset(c->dout, b, i, h, 0)), c->dout->dtype,
+                       c->dout->stride[3], D, 1.0f, dout);
+        sdpa__load_row(sdpa__elem(c->out, sdpa__offset(c->out, b, i, h, 0)), c->out->dtype,
+                       c->out->stride[3], D, 1.0f, w->row);
+        float di = 0.0f;
+        for (int64_t e = 0; e < D; e++)
+            di += dout[e] * w->row[e];
+        for (int64_t e = D; e < Dp; e++)
+            qs[e] = dout[e] = 0.0f;
+        const int64_t at = (b * d->Hq + h) * d->Sq + i;
+        const float l = c->lse[at];
+        w->lse[r - r_lo] = l == -INFINITY ? INFINITY : l;
+        /* the LSE's gradient g adds g P_ij to dS_ij: D_i - g_i */
+        w->di[r - r_lo] = c->dlse ? di - c->dlse[at] : di;
     }
 }
 
@@ -314,15 +330,22 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     bwd_gemm(nr, (int)Dp, bk, w->dp, BWD_BK, 1, w->kr, Dp, dq + r0 * Dp, Dp, 1);
 }
 
-/* dK, dV rows of the key block from dK^T, dV^T. */
-static void bwd_store_keys(const sdpa_call *c, const bwd_work *w, int64_t b, int64_t hk,
-                           const int64_t *keys, int64_t p0, int bk)
+/* dK, dV rows of the key block from dK^T, dV^T: into the tensors, or
+ * into the task's partial [2][Skv][Dp] (part not NULL: chunks of rows). */
+static void bwd_store_keys(const sdpa_call *c, const bwd_work *w, const bwd_split *sp, int64_t b,
+                           int64_t hk, const int64_t *keys, int64_t p0, int bk, float *part)
 {
-    const int64_t D = c->desc.D;
+    const int64_t D = c->desc.D, Skv = c->desc.Skv;
     for (int j = 0; j < bk; j++) {
         const int64_t kj = flash_key(keys, p0 + j);
         for (int g = 0; g < 2; g++) {
             const float *src = g ? w->dvt : w->dkt;
+            if (part) {
+                float *dst = part + (g * Skv + kj) * sp->Dp;
+                for (int64_t e = 0; e < D; e++)
+                    dst[e] = src[e * BWD_BK + j];
+                continue;
+            }
             sdpa_tensor *t = g ? c->dv : c->dk;
             for (int64_t e = 0; e < D; e++)
                 w->row[e] = src[e * BWD_BK + j];
@@ -383,74 +406,104 @@ static void bwd_task(void *arg, int64_t task, int worker)
     sdpa__seq_lens(c, b, &len_q, &len_kv);
     const bwd_rows tk = {b, c->causal != SDPA_CAUSAL_NONE,
                          sdpa_causal_offset(c->causal, len_q, len_kv)};
-    const int64_t kj0 = chunk * sp->chunk_keys;
+    /* this task's rows r_lo .. r_hi and keys kj0 .. kj1 */
+    const int64_t r_lo = sp->by_rows ? chunk * sp->chunk_rows : 0;
+    const int64_t r_hi = r_lo + sp->chunk_rows < sp->rows ? r_lo + sp->chunk_rows : sp->rows;
+    const int64_t kj0 = sp->by_rows ? 0 : chunk * sp->chunk_keys;
     const int64_t kj1 = kj0 + sp->chunk_keys < d->Skv ? kj0 + sp->chunk_keys : d->Skv;
-    float *dq = sp->chunks > 1 ? jb->dq_parts + (size_t)task * (size_t)(sp->rows * Dp) : w->dq;
-    memset(dq, 0, sizeof(float) * (size_t)(sp->rows * Dp));
-    bwd_zero_keys(c, b, hk, kj0, kj1, len_q, len_kv);
+    const size_t part = (size_t)(sp->by_rows ? 2 * d->Skv * Dp : sp->rows * Dp);
+    float *parts = jb->parts ? jb->parts + (size_t)task * part : NULL;
+    float *dq = parts && !sp->by_rows ? parts : w->dq;
+    float *kv_part = parts && sp->by_rows ? parts : NULL;
+    if (parts)
+        memset(parts, 0, sizeof(float) * part);
+    if (dq != parts)
+        memset(dq, 0, sizeof(float) * (size_t)((r_hi - r_lo) * Dp));
+    if (!kv_part)
+        bwd_zero_keys(c, b, hk, kj0, kj1, len_q, len_kv);
 
     /* the visible keys of the chunk: kj0 .. min(kj1, len_kv), gathered
      * under a key mask (keys[p] is the p-th) */
     const int64_t kend = kj1 < len_kv ? kj1 : len_kv;
     const sdpa_mask *mk = c->mask;
-    int64_t *keys = NULL, nk = kend > kj0 ? kend - kj0 : 0, first = kj0;
+    int64_t *keys = NULL, nk = kend > kj0 ? kend - kj0 : 0;
     if (mk && mk->key) {
         const uint8_t *key = mk->key + b * mk->key_stride[0];
-        keys = w->keys, nk = 0, first = 0;
+        keys = w->keys, nk = 0;
         for (int64_t j = kj0; j < kend; j++)
             if (key[j * mk->key_stride[1]])
                 keys[nk++] = j;
     }
     if (len_q > 0 && nk > 0) {
-        bwd_pack_rows(c, w, sp, b, hk, len_q);
-        /* without a key list, keys are first + p: flash_key needs a list
-         * or a zero base, so the loop keeps p0 in key numbers */
+        bwd_pack_rows(c, w, sp, b, hk, len_q, r_lo, r_hi);
         for (int64_t p = 0; p < nk; p += BWD_BK) {
             const int bk = (int)(nk - p < BWD_BK ? nk - p : BWD_BK);
-            const int64_t p0 = keys ? p : first + p;
+            /* without a key list, flash_key(NULL, p0) is p0: key numbers */
+            const int64_t p0 = keys ? p : kj0 + p;
             const int64_t kfirst = flash_key(keys, p0);
             bwd_pack_keys(c, w, sp, b, hk, keys, p0, bk);
             memset(w->dkt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
             memset(w->dvt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
             /* causal: rows before kfirst - offset see none of these keys */
-            int64_t i_start = tk.causal ? kfirst - tk.offset : 0;
-            if (i_start < 0)
-                i_start = 0;
-            for (int64_t g = 0; g < G; g++)
-                for (int64_t i0 = i_start; i0 < len_q; i0 += BWD_BQ) {
-                    const int nr = (int)(len_q - i0 < BWD_BQ ? len_q - i0 : BWD_BQ);
-                    bwd_tile(c, w, sp, &tk, hk * G + g, g * d->Sq + i0, i0, nr, keys, p0, bk,
-                             dq);
+            const int64_t i_causal = tk.causal && kfirst - tk.offset > 0 ? kfirst - tk.offset : 0;
+            for (int64_t g = r_lo / d->Sq; g < G && g * d->Sq < r_hi; g++) {
+                int64_t i = r_lo - g * d->Sq > i_causal ? r_lo - g * d->Sq : i_causal;
+                const int64_t i_end = r_hi - g * d->Sq < len_q ? r_hi - g * d->Sq : len_q;
+                for (; i < i_end; i += BWD_BQ) {
+                    const int nr = (int)(i_end - i < BWD_BQ ? i_end - i : BWD_BQ);
+                    bwd_tile(c, w, sp, &tk, hk * G + g, g * d->Sq + i - r_lo, i, nr, keys, p0,
+                             bk, dq);
                 }
-            bwd_store_keys(c, w, b, hk, keys, p0, bk);
+            }
+            bwd_store_keys(c, w, sp, b, hk, keys, p0, bk, kv_part);
         }
     }
-    if (sp->chunks == 1)
-        bwd_store_dq(c, sp, b, hk, len_q, 0, sp->rows, dq);
+    if (dq == w->dq)
+        bwd_store_dq(c, sp, b, hk, len_q, r_lo, r_hi, dq);
 }
 
-/* With several chunks: dQ of row block t of a (batch, KV head), the
- * chunks' parts summed in chunk order. */
+/* With several chunks: the chunks' parts summed in chunk order, a block
+ * of rows (dQ) or of keys (dK, dV) per task, a row at a time. */
 static void bwd_reduce_task(void *arg, int64_t task, int worker)
 {
     const bwd_job *jb = arg;
     const sdpa_call *c = jb->c;
+    const sdpa_call_desc *d = &c->desc;
     const bwd_split *sp = &jb->sp;
-    const int64_t blocks = (sp->rows + BWD_BQ - 1) / BWD_BQ;
-    const int64_t bh = task / blocks, r0 = task % blocks * BWD_BQ;
-    const int64_t r1 = r0 + BWD_BQ < sp->rows ? r0 + BWD_BQ : sp->rows;
-    const int64_t part = sp->rows * sp->Dp;
-    float *sum = jb->ws[worker].dq; /* room for BWD_BQ rows at least */
-    const float *base = jb->dq_parts + (size_t)(bh * sp->chunks) * (size_t)part;
-    for (int64_t e = 0; e < (r1 - r0) * sp->Dp; e++) {
-        float x = 0.0f;
-        for (int64_t ch = 0; ch < sp->chunks; ch++)
-            x += base[ch * part + r0 * sp->Dp + e];
-        sum[e] = x;
-    }
+    const int64_t Dp = sp->Dp, step = sp->by_rows ? BWD_BK : BWD_BQ;
+    const int64_t n = sp->by_rows ? d->Skv : sp->rows; /* rows of the parts */
+    const int64_t blocks = (n + step - 1) / step;
+    const int64_t bh = task / blocks, x0 = task % blocks * step;
+    const int64_t x1 = x0 + step < n ? x0 + step : n;
+    const int64_t b = bh / d->Hkv, hk = bh % d->Hkv, G = d->Hq / d->Hkv;
+    const size_t part = (size_t)(sp->by_rows ? 2 * d->Skv * Dp : sp->rows * Dp);
+    const float *base = jb->parts + (size_t)(bh * sp->chunks) * part;
+    float *row = jb->ws[worker].row;
     int64_t len_q, len_kv;
-    sdpa__seq_lens(c, bh / c->desc.Hkv, &len_q, &len_kv);
-    bwd_store_dq(c, sp, bh / c->desc.Hkv, bh % c->desc.Hkv, len_q, r0, r1, sum);
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
+    for (int g = 0; g < (sp->by_rows ? 2 : 1); g++)
+        for (int64_t x = x0; x < x1; x++) {
+            const size_t at = (size_t)((g * n + x) * Dp);
+            for (int64_t e = 0; e < d->D; e++) {
+                float sum = 0.0f;
+                for (int64_t ch = 0; ch < sp->chunks; ch++)
+                    sum += base[(size_t)ch * part + at + (size_t)e];
+                row[e] = sum;
+            }
+            if (sp->by_rows) { /* key x: zeros where no chunk saw it */
+                sdpa_tensor *t = g ? c->dv : c->dk;
+                sdpa__store_row((char *)t->data + sdpa__offset(t, b, x, hk, 0) *
+                                                      (int64_t)sdpa_dtype_size(t->dtype),
+                                t->dtype, t->stride[3], d->D, 1.0f, row);
+            } else { /* row x of the row space, scaled */
+                const int64_t h = hk * G + x / d->Sq, i = x % d->Sq;
+                sdpa_tensor *t = c->dq;
+                sdpa__store_row((char *)t->data + sdpa__offset(t, b, i, h, 0) *
+                                                      (int64_t)sdpa_dtype_size(t->dtype),
+                                t->dtype, t->stride[3], d->D, i < len_q ? (float)c->scale : 0.0f,
+                                row);
+            }
+        }
 }
 
 static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
@@ -460,10 +513,10 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
     const int threads = sdpa__pool_threads(c->pool);
     bwd_job jb = {c, bwd_split_make(d), NULL, NULL};
     const bwd_split *sp = &jb.sp;
-    const int64_t D = d->D, Dp = sp->Dp, rows = sp->rows;
-    const int64_t dq_rows = sp->chunks > 1 ? BWD_BQ : rows; /* reduce's block, or the task's */
-    const size_t per = (size_t)(rows * (2 * Dp + 2) + dq_rows * Dp + 4 * D * BWD_BK +
-                                BWD_BK * Dp + 2 * BWD_BQ * BWD_BK + Dp + 16) +
+    const int64_t D = d->D, Dp = sp->Dp, rows = sp->chunk_rows;
+    const int keys_split = sp->chunks > 1 && !sp->by_rows; /* dQ lives in the parts */
+    const size_t per = (size_t)(rows * (2 * Dp + 2) + (keys_split ? 0 : rows * Dp) +
+                                4 * D * BWD_BK + BWD_BK * Dp + 2 * BWD_BQ * BWD_BK + Dp + 16) +
                        (c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0);
     const size_t descs = ((size_t)threads * sizeof(bwd_work) + 63) / 64 * 64;
     const size_t bytes = per * sizeof(float) * (size_t)threads + descs;
@@ -472,13 +525,14 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes for the backward pass",
                           BWD_NAME, bytes);
     if (sp->chunks > 1) {
-        const size_t part_bytes = sizeof(float) * (size_t)(d->B * d->Hkv * sp->chunks) *
-                                  (size_t)(rows * Dp);
-        jb.dq_parts = sdpa__malloc(part_bytes);
-        if (!jb.dq_parts) {
+        const size_t part = (size_t)(sp->by_rows ? 2 * d->Skv * Dp : sp->rows * Dp);
+        const size_t part_bytes = sizeof(float) * (size_t)(d->B * d->Hkv * sp->chunks) * part;
+        jb.parts = sdpa__malloc(part_bytes);
+        if (!jb.parts) {
             sdpa__scratch_release(base);
             return sdpa__fail(SDPA_OUT_OF_MEMORY,
-                              "%s: cannot allocate %zu bytes of partial dq for the backward pass",
+                              "%s: cannot allocate %zu bytes of partial gradients for the "
+                              "backward pass",
                               BWD_NAME, part_bytes);
         }
     }
@@ -491,7 +545,7 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         w->dout = p, p += rows * Dp;
         w->lse = p, p += rows;
         w->di = p, p += rows;
-        w->dq = p, p += dq_rows * Dp;
+        w->dq = keys_split ? NULL : p, p += keys_split ? 0 : rows * Dp;
         w->kt = p, p += D * BWD_BK;
         w->vt = p, p += D * BWD_BK;
         w->dkt = p, p += D * BWD_BK;
@@ -504,10 +558,12 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
     }
     sdpa__parallel_for(c->pool, d->B * d->Hkv * sp->chunks, bwd_task, &jb);
-    if (sp->chunks > 1)
-        sdpa__parallel_for(c->pool, d->B * d->Hkv * ((rows + BWD_BQ - 1) / BWD_BQ),
-                           bwd_reduce_task, &jb);
-    free(jb.dq_parts);
+    if (sp->chunks > 1) {
+        const int64_t n = sp->by_rows ? d->Skv : sp->rows, step = sp->by_rows ? BWD_BK : BWD_BQ;
+        sdpa__parallel_for(c->pool, d->B * d->Hkv * ((n + step - 1) / step), bwd_reduce_task,
+                           &jb);
+    }
+    free(jb.parts);
     sdpa__scratch_release(base);
     return SDPA_OK;
 }
