@@ -10,7 +10,8 @@
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
 #                 scripts/python-test.sh; then bench/peers' contenders on the
-#                 smoke suite, outputs checked against float64
+#                 smoke suite, forward and backward, outputs checked against
+#                 float64
 #   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser, the .npy
 #                 reader and sdpa_forward against ref (fuzz_forward.c),
 #                 SDPA_FUZZ_SECONDS (default 20) each, from the corpora in
@@ -53,9 +54,11 @@ scripts/python-test.sh
 # suite in both dtypes, every output checked against float64 (no timing).
 if [ -f build/libsdpa_peers.so ]; then
   echo "== bench/peers (smoke, outputs checked)"
-  for dtype in f32 bf16; do
-    build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so \
-      --suite bench/shapes/smoke.tsv --dtype $dtype --reps 1 --check | tail -2
+  for pass in "" --backward; do
+    for dtype in f32 bf16; do
+      build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so \
+        --suite bench/shapes/smoke.tsv --dtype $dtype --reps 1 --check $pass | tail -2
+    done
   done
 fi
 

@@ -113,7 +113,7 @@ int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
         return 0;
     }
     if (d->backward && !c->backward) {
-        sdpa__strlcpy(why, "has no backward pass, which the call is", n);
+        sdpa__strlcpy(why, "has no backward pass, which the call needs", n);
         return 0;
     }
     if (d->want_lse && !c->lse) {

@@ -45,6 +45,7 @@ static void test_errors(void)
     expect_error("rule a\ntry ref ref\nevidence x\n", "listed twice");
     expect_error("rule a\ndevice tpu\ntry ref\nevidence x\n", "device 'tpu' unknown");
     expect_error("rule a\nisa sse9\ntry ref\nevidence x\n", "isa 'sse9' unknown");
+    expect_error("rule a\npass sideways\ntry ref\nevidence x\n", "pass 'sideways' unknown");
     expect_error("rule a\ntry ref\nevidence\n", "evidence is empty");
     /* numbers beyond 64 bits (they used to saturate, and '>' then
      * overflowed) and beyond any real size are rejected with file:line */
@@ -162,6 +163,24 @@ static void test_matching(void)
     sdpa_platform_parse("cpu", &p);
     d.device = SDPA_DEVICE_CPU;
     CHECK(!sdpa__rule_matches(r, &p, &d), "device");
+    sdpa__policy_free(pol);
+
+    /* pass: a rule without it is for forward calls only */
+    const char *passes = "rule fwd\ntry ref\nevidence e\n"
+                         "rule bwd\npass backward\ntry ref\nevidence e\n"
+                         "rule both\npass forward backward\ntry ref\nevidence e\n";
+    CHECK_STATUS(sdpa__policy_parse(passes, "p.rules", known, NULL, &pol), SDPA_OK);
+    if (!pol)
+        return;
+    sdpa_platform_parse("cpu", &p);
+    d = call(SDPA_DEVICE_CPU, 1, 64, 64);
+    const int want[3][2] = {{1, 0}, {0, 1}, {1, 1}}; /* [rule][backward] */
+    for (int i = 0; i < 3; i++)
+        for (int bwd = 0; bwd <= 1; bwd++) {
+            d.backward = bwd;
+            CHECK(sdpa__rule_matches(&pol->rules[i], &p, &d) == want[i][bwd],
+                  "rule %s on a %s call", pol->rules[i].name, bwd ? "backward" : "forward");
+        }
     sdpa__policy_free(pol);
 }
 

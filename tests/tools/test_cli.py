@@ -562,6 +562,21 @@ r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "cpu:features=avx2+
          "--dtype", "bf16")
 check(r.returncode == 0 and "avx2 avx512] (simulated)" in r.stdout,
       f"explain described CPU's platform line: {r.stdout!r}")
+# The backward pass: its own rules; backends without one are passed over, saying so.
+for plat, dtype, rule, without in (
+        ("cpu:features=avx2+avx512+avx512bf16+amx-bf16", "bf16", "cpu-backward-bf16",
+         ("cpu.amx", "cpu.avx512bf16")),
+        ("cpu:features=avx2+avx512", "f32", "cpu-backward", ("cpu.blas",))):
+    d = explain("--platform", plat, "--shape", "1,4096,4096,24,24,128", "--dtype", dtype,
+                "--backward")
+    check(d["call"].get("backward") is True and (d.get("rule") or {}).get("name") == rule and
+          d["candidates"][:1] == ["cpu.avx512"] and "cpu.amx" not in d["candidates"],
+          f"explain --backward on {plat}: {d.get('rule')} {d['candidates']}")
+    check(all("has no backward pass" in d["rejected"][b] for b in without),
+          f"explain --backward on {plat}, reasons: {d['rejected']}")
+d = explain("--platform", "cuda:sm_100", "--shape", "1,4096,4096,24,24,128", "--backward")
+check(d["candidates"] == [] and "no backward pass" in d["rejected"]["cuda.cudnn"],
+      f"explain --backward on a GPU: {d['candidates']} {d['rejected']}")
 r = sdpa("explain", "--shape", "1,2,3")
 check(r.returncode == 2 and "--shape" in r.stderr, f"explain bad shape: {r.stderr!r}")
 r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "tpu:v5")
