@@ -663,6 +663,8 @@ typedef struct sdpa_decision {
     char rule[64];                  /* matching rule's name, or ""          */
     char rule_origin[192];          /* "file:line" of the rule              */
     char evidence[512];             /* the rule's evidence note             */
+    char rule_class[192];           /* the rule's shape class in words (a
+                                     * tuned rule's `class`), or ""        */
     int n_candidates;
     const char *candidates[SDPA_MAX_CANDIDATES];
     int n_backends;
@@ -763,21 +765,37 @@ const char *sdpa_ab_verdict_text(sdpa_ab_verdict v);
 
 /*
  * The tuner: times candidate backends on rows of a shape suite, interleaved
- * and repeated, and writes policy rules for this platform that prefer the
- * measured winner only where it wins beyond the noise (the 95% interval of
- * the time ratio excludes 1 and the gain is at least min_gain). Each rule
- * matches one measured shape exactly and carries its evidence (shape,
- * medians, ratio with interval, machine, versions, date); rows whose order
- * stays are listed as comments, and the file says that other shapes were
- * not measured. Its `require` lines bind it to this machine and library
- * version (see sdpa_context_options.foreign_policy).
+ * and repeated, and writes policy rules for this platform over shape
+ * classes, each with its evidence.
  *
- * Only CPU rows are timed in this release (the CUDA plugin comes later);
- * CUDA rows are listed as not measured.
+ * Per row, the backends within the noise of the fastest form its tie set
+ * (a backend is out when the 95% interval of its time ratio to the
+ * fastest excludes 1 and it is at least min_gain slower). Rows of one
+ * family (dtype, causal, mask kind, whether Sq == Skv and Hq == Hkv, D)
+ * are ordered by their keys (then queries); neighbouring rows whose tie
+ * sets share a backend form one class, and that backend (the current
+ * first choice when it is among them) wins it. Where two neighbours
+ * share none, up to max_extra shapes between them are measured to place
+ * the boundary (when they differ only in their sequence lengths). Classes
+ * of different head dims with the same winner and the same sequence
+ * ranges merge, D becoming a set. Each class becomes one rule over the
+ * ranges of its rows (B, Sq, Skv, Hq, Hkv as ranges, D as a set, dtype,
+ * causal, mask, same_seq and same_heads exactly): no rule claims lengths
+ * beyond its first and last measured rows, and between classes, and
+ * outside every class, the built-in rules apply. A rule's `class` line
+ * says it in words, its `evidence` names the rows it rests on, with the
+ * winner's margin, machine, versions and date; rows that could not be
+ * measured are listed as comments. `require` lines bind the file to this
+ * machine and library version (see sdpa_context_options.foreign_policy).
+ *
+ * Only CPU forward rows are timed in this release; CUDA rows are listed
+ * as not measured.
  */
 typedef struct sdpa_tune_row {
     const char *name;    /* for the rule name and evidence */
     sdpa_call_desc desc; /* desc.backend is ignored */
+    int64_t seq_len_kv;  /* desc.mask has SDPA_MASK_KIND_SEQ_LEN: every batch
+                          * entry's real keys (padding); else 0 */
 } sdpa_tune_row;
 
 typedef struct sdpa_tune_options {
@@ -789,9 +807,10 @@ typedef struct sdpa_tune_options {
     void *clock_user;
     void (*progress)(int row, int n_rows, void *user); /* NULL: silent */
     void *progress_user;
+    int max_extra;               /* shapes measured per class boundary; 0: 2, -1: none */
 } sdpa_tune_options;
 
-#define SDPA_TUNE_OPTIONS_DEFAULT {NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL}
+#define SDPA_TUNE_OPTIONS_DEFAULT {NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, 0}
 
 /* Writes the rule file text to *rules_text (release with sdpa_free). */
 sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,

@@ -49,6 +49,7 @@ struct sdpa_context {
     /* The wisdom files looked for at creation, a line each: "in force
      * PATH", "ignored PATH: why"; or why none (sdpa_context_wisdom). */
     char wisdom[1024];
+    int wisdom_rules, wisdom_classes; /* in the file in force: rules, and those over a class */
     int foreign_policy; /* 1: load rule files made elsewhere, with a warning */
     int cuda_flash_variant; /* SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
     sdpa_decision_cache oneshot; /* sdpa_forward's decisions per shape class */

@@ -214,6 +214,7 @@ sdpa_status sdpa__decide(sdpa_context *ctx, const sdpa_call_desc *d, const sdpa_
         sdpa__strlcpy(out->rule, rule->name, sizeof out->rule);
         sdpa__strlcpy(out->rule_origin, rule->origin, sizeof out->rule_origin);
         sdpa__strlcpy(out->evidence, rule->evidence, sizeof out->evidence);
+        sdpa__strlcpy(out->rule_class, rule->klass, sizeof out->rule_class);
         sdpa__fmt(out->source_detail, sizeof out->source_detail, "%s",
                   rule->conditions[0] ? rule->conditions : "(no conditions)");
         for (int i = 0; i < rule->n_try; i++) {
@@ -298,6 +299,8 @@ static char *explain_text(const sdpa_context *ctx, const sdpa_call_desc *d,
     if (dec->source == SDPA_SOURCE_RULE) {
         sdpa__sb_printf(&sb, "decided by  rule '%s' (%s)\n", dec->rule, dec->rule_origin);
         sdpa__sb_printf(&sb, "  when      %s\n", dec->source_detail);
+        if (dec->rule_class[0])
+            sdpa__sb_printf(&sb, "  class     %s\n", dec->rule_class);
         sdpa__sb_printf(&sb, "  evidence  %s\n", dec->evidence);
     } else {
         sdpa__sb_printf(&sb, "decided by  %s: %s\n", sdpa_source_name(dec->source),
@@ -368,6 +371,11 @@ static char *explain_json(const sdpa_context *ctx, const sdpa_call_desc *d,
         sdpa__sb_json_string(&sb, dec->rule_origin);
         sdpa__sb_printf(&sb, ",\"evidence\":");
         sdpa__sb_json_string(&sb, dec->evidence);
+        sdpa__sb_printf(&sb, ",\"class\":");
+        if (dec->rule_class[0])
+            sdpa__sb_json_string(&sb, dec->rule_class);
+        else
+            sdpa__sb_printf(&sb, "null");
         sdpa__sb_printf(&sb, "}");
     } else {
         sdpa__sb_printf(&sb, "null");

@@ -85,8 +85,13 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     /* one line per wisdom file looked at, or why there is none */
     const char *w = sdpa_context_wisdom(ctx);
     char line[1024];
-    for (int first = 1; next_line(&w, line, sizeof line); first = 0)
-        sdpa__sb_printf(sb, "%s%s\n", first ? "wisdom    " : "          ", line);
+    for (int first = 1; next_line(&w, line, sizeof line); first = 0) {
+        sdpa__sb_printf(sb, "%s%s", first ? "wisdom    " : "          ", line);
+        if (strncmp(line, "in force ", 9) == 0)
+            sdpa__sb_printf(sb, " (%d rule%s, %d over shape classes)", ctx->wisdom_rules,
+                            ctx->wisdom_rules == 1 ? "" : "s", ctx->wisdom_classes);
+        sdpa__sb_printf(sb, "\n");
+    }
     const char *backend, *source;
     char rule[64];
     probe_decision(ctx, &backend, &source, rule, sizeof rule, dec);
@@ -175,7 +180,8 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
         }
     }
     char *ig = sdpa__sb_take(&ignored);
-    sdpa__sb_printf(sb, "],\"ignored\":[%s]", ig ? ig : "");
+    sdpa__sb_printf(sb, "],\"rules\":%d,\"classes\":%d,\"ignored\":[%s]", ctx->wisdom_rules,
+                    ctx->wisdom_classes, ig ? ig : "");
     free(ig);
     json_key(sb, "note", note[0] ? note : NULL, 1);
     sdpa__sb_printf(sb, "}");

@@ -155,6 +155,12 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         sdpa__strlcpy(r->evidence, value, sizeof r->evidence);
         return SDPA_OK;
     }
+    if (strcmp(key, "class") == 0) { /* free text: what the rule's conditions say, in words */
+        if (!*value)
+            return perr(ps, "class is empty, expected the shape class in words%s%s", "", "");
+        sdpa__strlcpy(r->klass, value, sizeof r->klass);
+        return SDPA_OK;
+    }
     /* The raw results the evidence cites, and the figures taken from them,
      * in a form tests/dispatch/test_evidence.py recomputes; the dispatcher
      * only checks that they are there. */
@@ -265,10 +271,21 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         if (i == 6)
             return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, dtype, causal, "
                             "mask, pass, lse, deterministic, quant, component, B, Sq, Skv, Hq, "
-                            "Hkv, D, same_seq, same_heads, try, evidence, source or claim)%s",
+                            "Hkv, D, same_seq, same_heads, try, evidence, class, source or "
+                            "claim)%s",
                         key, "");
-        if (n != 1 || !parse_range(w[0], 0, dst[i]))
+        if (i == 5 && n > 1) { /* D: a set */
+            if (n > SDPA_RULE_LIST)
+                return perr(ps, "'%s' lists too many values for D (at most 8)%s", raw, "");
+            for (int j = 0; j < n; j++)
+                if (!parse_range(w[j], 0, &r->D_set[j]))
+                    return perr(ps, "'%s' is not a value or range for D, expected N or N-M "
+                                    "(a list: D 64 72 128)",
+                                w[j], "");
+            r->n_D = n;
+        } else if (n != 1 || !parse_range(w[0], 0, dst[i])) {
             return perr(ps, "'%s' is not a range for %s, expected N, N-M, >=N or <=N", raw, key);
+        }
     }
     size_t len = strlen(r->conditions);
     snprintf(r->conditions + len, sizeof r->conditions - len, "%s%s=%s", len ? " " : "", key,
@@ -487,6 +504,10 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
     if (r->n_component &&
         !in_component_list(r, d->component && *d->component ? d->component : "none"))
         return 0;
-    return in_range(r->B, d->B) && in_range(r->Sq, d->Sq) && in_range(r->Skv, d->Skv) &&
-           in_range(r->Hq, d->Hq) && in_range(r->Hkv, d->Hkv) && in_range(r->D, d->D);
+    int d_in_set = r->n_D == 0;
+    for (int i = 0; i < r->n_D && !d_in_set; i++)
+        d_in_set = in_range(r->D_set[i], d->D);
+    return d_in_set && in_range(r->B, d->B) && in_range(r->Sq, d->Sq) &&
+           in_range(r->Skv, d->Skv) && in_range(r->Hq, d->Hq) && in_range(r->Hkv, d->Hkv) &&
+           in_range(r->D, d->D);
 }

@@ -18,6 +18,7 @@ typedef struct sdpa_rule {
     char name[64];
     char origin[192];     /* "file:line" of the rule line */
     char evidence[512];
+    char klass[192];      /* `class`: the shape class in words (tuned rules), or "" */
     char conditions[384]; /* the conditions as written, for explain */
     int device;           /* -1: any */
     sdpa_range cc;        /* compute capability * 10 */
@@ -34,6 +35,8 @@ typedef struct sdpa_rule {
     char quant[SDPA_RULE_LIST][32];
     char component[SDPA_RULE_LIST][48];
     sdpa_range B, Sq, Skv, Hq, Hkv, D;
+    int n_D;              /* `D 64 72 128`: a set of values or ranges (D is then any) */
+    sdpa_range D_set[SDPA_RULE_LIST];
     int n_try;
     char try_names[SDPA_MAX_CANDIDATES][32];
 } sdpa_rule;

@@ -263,11 +263,15 @@ static void load_wisdom_file(sdpa_context *ctx, const char *path, int named)
         sdpa__policy_free(pol);
         return;
     }
+    int n_rules = pol->n, n_classes = 0;
+    for (int i = 0; i < pol->n; i++)
+        n_classes += pol->rules[i].klass[0] != '\0';
     if (install_parsed(ctx, pol, path) != SDPA_OK) {
         wisdom_note(ctx, "ignored %s: %s\n", path, sdpa_last_error());
         sdpa__clear_error();
         return;
     }
+    ctx->wisdom_rules = n_rules, ctx->wisdom_classes = n_classes;
     sdpa__log(&ctx->log, SDPA_LOG_INFO, "wisdom %s in force", path);
     wisdom_note(ctx, "in force %s%s\n", path, "");
 }

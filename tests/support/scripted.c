@@ -31,10 +31,11 @@ static sdpa_status scripted_run(const sdpa_backend *self, const sdpa_call *call)
 {
     scripted *s = self->state;
     atomic_fetch_add(&s->runs, 1);
-    if (s->cost_ms > 0) {
+    if (s->cost_ms > 0 || s->cost_per_key_ms > 0) {
         fake_rng ^= fake_rng << 13, fake_rng ^= fake_rng >> 7, fake_rng ^= fake_rng << 17;
         double u = (double)(fake_rng >> 11) * (2.0 / 9007199254740992.0) - 1.0;
-        fake_now += s->cost_ms * (1.0 + s->jitter * u);
+        const double cost = s->cost_ms + s->cost_per_key_ms * (double)call->desc.Skv;
+        fake_now += cost * (1.0 + s->jitter * u);
     }
     if (s->run_status != SDPA_OK)
         return sdpa__fail(s->run_status, "%s: scripted %s", self->name,

@@ -22,6 +22,7 @@ typedef struct scripted {
     sdpa_status prepare_status; /* not OK: prepare() fails with it                */
     _Atomic int prepares;    /* how many times prepare() was entered              */
     double cost_ms;          /* advances scripted_clock_ms by this much per run   */
+    double cost_per_key_ms;  /* ... plus this much per key (Skv): costs that cross  */
     double jitter;           /* ... times (1 + jitter * u), u uniform in [-1, 1)  */
 } scripted;
 

@@ -735,6 +735,29 @@ j = json.loads(r.stdout) if r.returncode == 0 else {}
 check(j.get("wisdom", {}).get("in_force") == [wise], f"info --json wisdom: {r.stdout[:300]}")
 r = wrun("explain", "--shape", "1,48,48,2,2,32")
 check(r.returncode == 0 and "wisdom      in force " + wise in r.stdout, f"explain: {r.stdout}")
+# the class a tuned rule covers: explain names it; info counts the classes; a shape
+# outside every class keeps the built-in rules
+check("decided by  rule 'tuned-1-f32-self' (" + wise in r.stdout and
+      "  class     f32 self-attention, S 48, D 32" in r.stdout, f"explain names the class: {r.stdout}")
+check(j.get("wisdom", {}).get("classes") == 2 and j["wisdom"].get("rules") == 2,
+      f"info --json counts the classes (one per dtype): {r.stdout[:300]}")
+r = wrun("info")
+check("(2 rules, 2 over shape classes)" in r.stdout, f"info counts the classes: {r.stdout}")
+r = wrun("explain", "--shape", "1,96,96,2,2,32", "--json")
+d = json.loads(r.stdout) if r.returncode == 0 else {}
+check((d.get("rule") or {}).get("name") == "cpu-default" and d["rule"].get("class") is None,
+      f"outside every class: the built-in rule: {r.stdout[:300]}")
+r = wrun("tune", "--check", "--shape", "1,48,48,2,2,32", "--reps", "3", "--dtype", "f32")
+check(r.returncode == 0 and re.search(r"\nshape +f32 +wisdom +tuned-1-f32-self ", r.stdout) and
+      "1 of 1 held-out shapes decided by the wisdom; their regret: max" in r.stdout,
+      f"tune --check: {r.stdout} {r.stderr}")
+r = wrun("tune", "--check", "--shape", "1,96,96,2,2,32", "--reps", "3", "--dtype", "f32",
+         "--max-regret", "0")
+check("built-in" in r.stdout and "0 of 1 held-out shapes decided by the wisdom" in r.stdout and
+      "outside every tuned class" in r.stdout, f"tune --check outside the classes: {r.stdout}")
+r = wrun("tune", "--check", "--install")
+check(r.returncode == 2 and "--check measures the wisdom in force" in r.stderr,
+      f"tune --check --install: {r.stderr}")
 r = wrun("tune", "--install", "--shape", "1,48,48,2,2,32", "--reps", "3")
 check(r.returncode == 0 and os.path.exists(wise + ".previous"), "a second install keeps the first")
 installed = open(wise).read() if os.path.exists(wise) else ""
