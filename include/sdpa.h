@@ -771,7 +771,8 @@ const char *sdpa_ab_verdict_text(sdpa_ab_verdict v);
  * Per row, the backends within the noise of the fastest form its tie set
  * (a backend is out when the 95% interval of its time ratio to the
  * fastest excludes 1 and it is at least min_gain slower). Rows of one
- * family (dtype, causal, mask kind, whether Sq == Skv and Hq == Hkv, D)
+ * family (dtype, causal, mask kind, whether Sq == Skv and Hq == Hkv, D,
+ * and for Sq != Skv whether Sq < 64: few queries against many keys)
  * are ordered by their keys (then queries); neighbouring rows whose tie
  * sets share a backend form one class, and that backend (the current
  * first choice when it is among them) wins it. Where two neighbours

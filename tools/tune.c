@@ -155,7 +155,7 @@ static int tune_check(row *rows, int n_rows, const char *backends, int threads, 
         return tool_usage_error("out of memory");
     }
     int n_wisdom = 0, n_measured = 0, over = 0;
-    double worst = 0, sum = 0;
+    double worst = 0, sum = 0, worst_all = 0, sum_all = 0;
     for (int r = 0; r < n_rows && rc == 0; r++) {
         sdpa_call_desc d = rows[r].d;
         static sdpa_decision dec;
@@ -214,6 +214,8 @@ static int tune_check(row *rows, int n_rows, const char *backends, int threads, 
         }
         const double regret = med[chosen] / med[fastest] - 1;
         n_measured++;
+        worst_all = regret > worst_all ? regret : worst_all;
+        sum_all += regret;
         if (by_wisdom) {
             n_wisdom++;
             worst = regret > worst ? regret : worst;
@@ -231,6 +233,8 @@ static int tune_check(row *rows, int n_rows, const char *backends, int threads, 
            n_wisdom, n_measured, 100 * worst, n_wisdom ? 100 * sum / n_wisdom : 0.0,
            n_wisdom < n_measured ? "; the others fall outside every tuned class (built-in rules)"
                                  : "");
+    printf("# every shape, whatever decided it: regret max %.1f%%, mean %.1f%%\n",
+           100 * worst_all, n_measured ? 100 * sum_all / n_measured : 0.0);
     sdpa_context_destroy(ctx);
     if (over)
         printf("# %d shape%s above --max-regret %.1f%%\n", over, over == 1 ? "" : "s",

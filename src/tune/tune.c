@@ -242,9 +242,14 @@ static double med_of(const meas *m, int backend)
 
 /* ---- 2. classes */
 
+/* Few queries against many keys (decoding, a text query): a regime of its
+ * own, where a call is fixed costs more than products, so its rows never
+ * join the cross-attention rows of thousands of queries. */
+static int few_queries(const sdpa_call_desc *d) { return d->Sq != d->Skv && d->Sq < 64; }
+
 static int same_family(const sdpa_call_desc *a, const sdpa_call_desc *b)
 {
-    return a->dtype == b->dtype && a->causal == b->causal &&
+    return a->dtype == b->dtype && a->causal == b->causal && few_queries(a) == few_queries(b) &&
            sdpa__mask_kind_top(a->mask) == sdpa__mask_kind_top(b->mask) &&
            (a->Sq == a->Skv) == (b->Sq == b->Skv) && (a->Hq == a->Hkv) == (b->Hq == b->Hkv) &&
            a->device == b->device;
@@ -383,7 +388,7 @@ static void write_rule(const tuner *tu, const shapes *sh, klass *k, int n_rule, 
         snprintf(dset + len, sizeof dset - len, "%s%lld", i ? " " : "", (long long)k->d_set[i]);
     }
     sdpa__sb_printf(sb, "\nrule tuned-%d-%s-%s%s%s%s\n", n_rule, sdpa_dtype_name(d->dtype),
-                    self ? "self" : "cross", gqa ? "-gqa" : "",
+                    self ? "self" : few_queries(d) ? "few-queries" : "cross", gqa ? "-gqa" : "",
                     d->causal ? "-causal" : "", d->mask ? "-padded" : "");
     char txt[5][48];
     for (int i = 0; i < 5; i++)
