@@ -43,7 +43,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
 TSAN_OPTIONS=halt_on_error=1 \
-  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_soak" \
+  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_soak|test_backward" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
 

@@ -7,7 +7,8 @@
  * checks leaks at exit). Covered: context creation, loading rules, one
  * forward call on every present CPU backend (with a fresh context, so
  * that the worker pool is started inside the call), a layer's first
- * call, and explain.
+ * call, explain, and a backward call on every backend with a backward
+ * pass, cut by keys and by rows (their partial sums allocated).
  */
 #include "core/core.h"
 #include "support/testlib.h"
@@ -135,6 +136,99 @@ static void forward_every_allocation(const char *what, forward_arg *a)
     CHECK(0, "%s: more than 10000 allocations", what);
 }
 
+/* ---- a backward call: dq, dk, dv untouched by every failure */
+
+typedef struct backward_arg {
+    const char *backend;
+    tl_problem p, dp;      /* q, k, v; dout is dp.q */
+    tl_output out, g[3];   /* the forward's out and LSE; dq, dk, dv */
+    unsigned char *before[3];
+} backward_arg;
+
+static sdpa_status backward_call(backward_arg *a, int64_t n, int64_t *made)
+{
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.ignore_env = 1;
+    o.threads = 2;
+    sdpa_context *ctx;
+    if (sdpa_context_create(&o, &ctx) != SDPA_OK)
+        return SDPA_INTERNAL;
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    prm.backend = a->backend;
+    prm.causal = a->p.c.causal;
+    sdpa__alloc_fail_at(n);
+    sdpa_status st = sdpa_backward(ctx, &a->p.q, &a->p.k, &a->p.v, &a->out.t, a->out.lse,
+                                   &a->dp.q, NULL, &a->g[0].t, &a->g[1].t, &a->g[2].t, &prm);
+    *made = sdpa__alloc_count();
+    sdpa__alloc_fail_at(0);
+    const int has_message = sdpa_last_error()[0] != '\0';
+    sdpa_context_destroy(ctx);
+    return st != SDPA_OK && !has_message ? SDPA_INTERNAL : st;
+}
+
+static void backward_every_allocation(const char *what, backward_arg *a)
+{
+    for (int64_t n = 1; n < 10000; n++) {
+        int64_t made = 0;
+        sdpa_status st = backward_call(a, n, &made);
+        if (made < n) {
+            CHECK(st == SDPA_OK, "%s with no failure injected: %s", what,
+                  sdpa_status_string(st));
+            printf("%s: %lld allocations, each failed once\n", what, (long long)made);
+            return;
+        }
+        CHECK(st == SDPA_OUT_OF_MEMORY,
+              "%s, allocation %lld failed: got %s, expected out of memory with a message", what,
+              (long long)n, sdpa_status_string(st));
+        for (int i = 0; i < 3; i++)
+            CHECK(memcmp(a->g[i].mem, a->before[i], a->g[i].bytes) == 0,
+                  "%s, allocation %lld failed: gradient %d was written", what, (long long)n, i);
+    }
+    CHECK(0, "%s: more than 10000 allocations", what);
+}
+
+/* Backward calls cut by keys (partial dQ) and by rows (partial dK, dV). */
+static int backward_faults(const char *backend)
+{
+    static const int64_t shapes[2][3] = {{70, 200, 2}, {300, 40, 2}}; /* Sq, Skv, Hkv */
+    for (int s = 0; s < 2; s++) {
+        backward_arg a;
+        memset(&a, 0, sizeof a);
+        a.backend = backend;
+        tl_case c = {1, shapes[s][0], shapes[s][1], 4, shapes[s][2], 64, SDPA_F32, SDPA_F32,
+                     SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+        if (!tl_problem_make(&a.p, &c) || !tl_problem_make(&a.dp, &c) ||
+            !tl_output_make(&a.out, &a.p))
+            return 0;
+        tl_problem like = a.p;
+        like.c.want_lse = 0;
+        if (!tl_output_make(&a.g[0], &like))
+            return 0;
+        like.c.Sq = c.Skv, like.c.Hq = c.Hkv;
+        if (!tl_output_make(&a.g[1], &like) || !tl_output_make(&a.g[2], &like))
+            return 0;
+        sdpa_context *ctx = tl_context(NULL);
+        sdpa_params prm = SDPA_PARAMS_DEFAULT;
+        prm.backend = "ref";
+        CHECK_STATUS(sdpa_forward(ctx, &a.p.q, &a.p.k, &a.p.v, &a.out.t, a.out.lse, &prm),
+                     SDPA_OK);
+        sdpa_context_destroy(ctx);
+        for (int i = 0; i < 3; i++) {
+            a.before[i] = malloc(a.g[i].bytes);
+            memcpy(a.before[i], a.g[i].mem, a.g[i].bytes);
+        }
+        char what[128];
+        snprintf(what, sizeof what, "sdpa_backward on %s, Sq %lld Skv %lld",
+                 backend ? backend : "the dispatcher's choice", (long long)c.Sq,
+                 (long long)c.Skv);
+        backward_every_allocation(what, &a);
+        for (int i = 0; i < 3; i++)
+            free(a.before[i]), tl_output_free(&a.g[i]);
+        tl_output_free(&a.out), tl_problem_free(&a.p), tl_problem_free(&a.dp);
+    }
+    return 1;
+}
+
 static sdpa_status explain(void *arg)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
@@ -190,6 +284,14 @@ int main(void)
             free(a.before), free(a.lse_before);
             tl_output_free(&a.out), tl_problem_free(&a.p);
         }
+    if (!backward_faults(NULL))
+        return 1;
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        if (sdpa_backend_get(ctx, i, &b) == SDPA_OK && b.present && b.backward &&
+            b.device == SDPA_DEVICE_CPU && !backward_faults(b.name))
+            return 1;
+    }
     sdpa_context_destroy(ctx);
     return tl_finish();
 }

@@ -24,7 +24,11 @@
  *     keeps finite and the backend keeps finite are compared (the rule
  *     allows 0 * NaN on rows that do not see the key);
  *   - guard bytes after the output and the LSE, and the gaps of a strided
- *     output, are untouched.
+ *     output, are untouched;
+ *   - where the values are finite, the backward pass of the same call
+ *     (sdpa_backward from ref's out and LSE, a random dout) on every
+ *     backend with one, against ref's gradients relative to their
+ *     magnitude, refusals against sdpa_decide, guard bytes.
  * A failure aborts (libFuzzer keeps the input); ASan/UBSan watch the rest.
  * Run by scripts/test.sh for a bounded time over tests/fuzz/corpus/forward.
  */
@@ -79,6 +83,106 @@ static void store(void *p, sdpa_dtype t, int64_t i, double x)
 static int64_t at(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t d)
 {
     return b * t->stride[0] + s * t->stride[1] + h * t->stride[2] + d * t->stride[3];
+}
+
+/* Max |x| over a view's elements (finite ones). */
+static double max_abs_view(const sdpa_tensor *t)
+{
+    double m = 0;
+    for (int64_t b = 0; b < t->size[0]; b++)
+        for (int64_t s = 0; s < t->size[1]; s++)
+            for (int64_t h = 0; h < t->size[2]; h++)
+                for (int64_t d = 0; d < t->size[3]; d++) {
+                    const double x = fabs(tl_out_get(t, b, s, h, d));
+                    m = isfinite(x) && x > m ? x : m;
+                }
+    return m;
+}
+
+/* ref's forward result (out f32, lse) of the call t/p, its gradients for a
+ * random dout, and every backend with a backward pass against them. */
+static void fuzz_backward(const sdpa_tensor *t, const sdpa_tensor *out, const float *lse,
+                          const sdpa_params *p_in, const sdpa_call_desc *desc_in, sdpa_dtype gdt,
+                          int peaked)
+{
+    const int64_t B = t[0].size[0], Sq = t[0].size[1], Hq = t[0].size[2], D = t[0].size[3];
+    const int64_t Skv = t[1].size[1], Hkv = t[1].size[2];
+    const size_t nq = (size_t)(B * Sq * Hq * D), nk = (size_t)(B * Skv * Hkv * D);
+    float *dout = malloc(nq * sizeof(float)), *want[3];
+    for (size_t i = 0; i < nq; i++)
+        dout[i] = (float)rnd();
+    const sdpa_tensor tdo = sdpa_tensor_bshd(dout, SDPA_F32, B, Sq, Hq, D);
+    const size_t n3[3] = {nq, nk, nk};
+    sdpa_tensor tw[3];
+    for (int g = 0; g < 3; g++) {
+        want[g] = malloc(n3[g] * sizeof(float));
+        tw[g] = sdpa_tensor_bshd(want[g], SDPA_F32, B, g ? Skv : Sq, g ? Hkv : Hq, D);
+    }
+    sdpa_params p = *p_in;
+    p.backend = "ref";
+    if (sdpa_backward(ctx, &t[0], &t[1], &t[2], out, lse, &tdo, NULL, &tw[0], &tw[1], &tw[2],
+                      &p) != SDPA_OK)
+        fail_here("the reference's backward failed", "ref", sdpa_last_error());
+    double scale = 0;
+    for (int g = 0; g < 3; g++) {
+        const double m = max_abs_view(&tw[g]);
+        scale = m > scale ? m : scale;
+    }
+    sdpa_call_desc desc = *desc_in;
+    desc.backward = 1, desc.want_lse = 1;
+    const size_t es = sdpa_dtype_size(gdt);
+    unsigned char *got[3];
+    for (int g = 0; g < 3; g++)
+        got[g] = malloc(n3[g] * es + TL_GUARD);
+    static sdpa_decision dec;
+    for (int n = 0; n < n_names; n++) {
+        desc.backend = names[n];
+        const int accepts = sdpa_decide(ctx, &desc, &dec) == SDPA_OK && dec.status == SDPA_OK;
+        sdpa_tensor tg[3];
+        for (int g = 0; g < 3; g++) {
+            memset(got[g], 0xA5, n3[g] * es + TL_GUARD);
+            tg[g] = sdpa_tensor_bshd(got[g], gdt, B, g ? Skv : Sq, g ? Hkv : Hq, D);
+        }
+        p.backend = names[n];
+        const sdpa_status st = sdpa_backward(ctx, &t[0], &t[1], &t[2], out, lse, &tdo, NULL,
+                                             &tg[0], &tg[1], &tg[2], &p);
+        if (!accepts) {
+            if (st != SDPA_UNSUPPORTED)
+                fail_here("explain refuses the backward call but it did not say UNSUPPORTED",
+                          names[n], sdpa_last_error());
+            for (int g = 0; g < 3; g++)
+                for (size_t i = 0; i < n3[g] * es + TL_GUARD; i++)
+                    if (got[g][i] != 0xA5)
+                        fail_here("a refused backward call wrote a gradient", names[n], "");
+            continue;
+        }
+        if (st != SDPA_OK)
+            fail_here("explain accepts the backward call but it failed", names[n],
+                      sdpa_last_error());
+        /* relative to the gradients' magnitude: f32 accumulation, the
+         * stored dtype, and for peaked scores the f32 rounding of scores
+         * near 100 (as test_backward) */
+        const double tol = (gdt == SDPA_F32 ? 1e-4 : gdt == SDPA_F16 ? 4e-3 : 3e-2) +
+                           (peaked ? 32.0 * (double)D * ldexp(1.0, -22) : 0.0);
+        for (int g = 0; g < 3; g++) {
+            for (size_t i = n3[g] * es; i < n3[g] * es + TL_GUARD; i++)
+                if (got[g][i] != 0xA5)
+                    fail_here("the guard bytes after a gradient were written", names[n], "");
+            for (size_t i = 0; i < n3[g]; i++) {
+                const double w = want[g][i];
+                const double x = tl_out_get(&tg[g], 0, 0, 0, (int64_t)i); /* contiguous */
+                if (!(fabs(x - w) <= tol * fmax(scale, 1e-30) + 1e-30)) {
+                    char why[160];
+                    snprintf(why, sizeof why, "%s[%zu] = %g, ref %g, bound %g",
+                             g == 0 ? "dq" : g == 1 ? "dk" : "dv", i, x, w, tol * scale);
+                    fail_here("a gradient is off", names[n], why);
+                }
+            }
+        }
+    }
+    for (int g = 0; g < 3; g++)
+        free(want[g]), free(got[g]);
+    free(dout);
 }
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
@@ -216,6 +320,50 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     sdpa_status st = sdpa_forward(ctx, &t[0], &t[1], &t[2], &tw, ref_lse, &p);
     if (st != SDPA_OK)
         fail_here("the reference failed", "ref", sdpa_last_error());
+    /* A backend whose products take bf16 operands rounds f16 inputs to bf16
+     * first (its documented precision: 3 bits of every score, which peaked
+     * scores near 100 turn into whole units): it is held to ref on the
+     * inputs as it rounds them, as the test grid holds it. */
+    float *want_r = NULL, *ref_lse_r = NULL;
+    sdpa_tensor tw_r = tw;
+    if (dt == SDPA_F16) {
+        void *rmem[3] = {NULL, NULL, NULL};
+        sdpa_tensor tr[3];
+        for (int i = 0; i < 3; i++) {
+            tr[i] = t[i];
+            if (packed && i > 0) { /* one buffer: the same offsets from its copy */
+                tr[i].data = (char *)rmem[0] + ((char *)t[i].data - (char *)mem[0]);
+                continue;
+            }
+            const int64_t S = S3[i], H = H3[i];
+            size_t span = 1;
+            for (int k = 0; k < 4; k++)
+                span += (size_t)((k == 0 ? B : k == 1 ? (packed ? Sq : S) : k == 2 ? H : D) - 1) *
+                        (size_t)t[i].stride[k];
+            if (packed)
+                span += (size_t)(2 * Hq * D);
+            rmem[i] = malloc(span * es);
+            memcpy(rmem[i], packed ? mem[0] : mem[i], span * es);
+            tr[i].data = (char *)rmem[i] + ((char *)t[i].data - (char *)(packed ? mem[0] : mem[i]));
+        }
+        for (int i = 0; i < 3; i++)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t s2 = 0; s2 < S3[i]; s2++)
+                    for (int64_t hh = 0; hh < H3[i]; hh++)
+                        for (int64_t d = 0; d < D; d++) {
+                            float x = tl_out_get(&tr[i], b, s2, hh, d);
+                            uint16_t bf;
+                            sdpa_convert(&x, SDPA_F32, &bf, SDPA_BF16, 1);
+                            sdpa_convert(&bf, SDPA_BF16, &x, SDPA_F32, 1);
+                            store(tr[i].data, dt, at(&tr[i], b, s2, hh, d), x);
+                        }
+        want_r = malloc(on * sizeof(float)), ref_lse_r = malloc(lse_n * sizeof(float));
+        tw_r = sdpa_tensor_bshd(want_r, SDPA_F32, B, Sq, Hq, D);
+        if (sdpa_forward(ctx, &tr[0], &tr[1], &tr[2], &tw_r, ref_lse_r, &p) != SDPA_OK)
+            fail_here("the reference failed on bf16-rounded inputs", "ref", sdpa_last_error());
+        for (int i = 0; i < 3; i++)
+            free(rmem[i]);
+    }
     double vmax = 1.0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t s = 0; s < Skv; s++)
@@ -261,6 +409,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
             if (lse[i] != 0x5A)
                 fail_here("the guard bytes after the LSE were written", names[n], "");
         const double tol = (tl_tolerance(dt, odt) + tl_product_tolerance(bits[n])) * vmax;
+        const int rounded = bits[n] == 8 && want_r; /* held to ref on bf16-rounded f16 */
+        const sdpa_tensor *ref_out = rounded ? &tw_r : &tw;
+        const float *ref_l = rounded ? ref_lse_r : ref_lse;
         for (int64_t b = 0; b < B; b++)
             for (int64_t s = 0; s < Sq; s++) {
                 if (gap)
@@ -271,7 +422,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                 for (int64_t hh = 0; hh < Hq; hh++) {
                     int ref_nan = 1, got_nan = 1;
                     for (int64_t d = 0; d < D; d++) {
-                        ref_nan &= isnan(tl_out_get(&tw, b, s, hh, d));
+                        ref_nan &= isnan(tl_out_get(ref_out, b, s, hh, d));
                         got_nan &= isnan(tl_out_get(&to, b, s, hh, d));
                     }
                     if (nonfinite_qk && ref_nan != got_nan) {
@@ -283,7 +434,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                                   why);
                     }
                     for (int64_t d = 0; d < D; d++) {
-                        const double w = tl_out_get(&tw, b, s, hh, d);
+                        const double w = tl_out_get(ref_out, b, s, hh, d);
                         const double g = tl_out_get(&to, b, s, hh, d);
                         if (!isfinite(w) || (nonfinite_v && !isfinite(g)))
                             continue; /* the rules above, not numbers */
@@ -297,7 +448,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                         }
                     }
                     if (want_lse && !nonfinite_qk && !nonfinite_v) {
-                        const float wl = ref_lse[(b * Hq + hh) * Sq + s];
+                        const float wl = ref_l[(b * Hq + hh) * Sq + s];
                         const float gl = ((float *)lse)[(b * Hq + hh) * Sq + s];
                         const double lt = bits[n] ? 3e-2 : 1e-3;
                         if (isfinite(wl) != isfinite(gl) ||
@@ -307,7 +458,14 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                 }
             }
     }
-    free(out), free(lse), free(want), free(ref_lse), free(key), free(gen);
+    /* The backward pass of the same call, where the values are finite
+     * numbers (the non-finite rules are the forward's): every backend with
+     * a backward pass against ref's gradients, refusals against
+     * sdpa_decide, guard bytes after each gradient. */
+    if (!nonfinite_qk && !nonfinite_v && values != 6 && values != 7)
+        fuzz_backward(t, &tw, ref_lse, &p, &desc, odt, values == 1);
+    free(out), free(lse), free(want), free(ref_lse), free(want_r), free(ref_lse_r), free(key),
+        free(gen);
     for (int i = 0; i < 3; i++)
         free(mem[i]);
     return 0;
