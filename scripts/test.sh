@@ -6,7 +6,7 @@
 #                 (scripts/examples.sh)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
-#                 the soak)
+#                 the soak, the backward pass's cuts into tasks: SDPA_TEST_QUICK)
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
 #                 scripts/python-test.sh; then bench/peers' contenders on the
@@ -42,7 +42,7 @@ scripts/examples.sh build
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
-TSAN_OPTIONS=halt_on_error=1 \
+TSAN_OPTIONS=halt_on_error=1 SDPA_TEST_QUICK=1 \
   configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_soak|test_backward" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
