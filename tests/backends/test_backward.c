@@ -26,6 +26,7 @@
  * usage: test_backward [backend ...]   (default: every present backend
  * with a backward pass, but ref)
  */
+#include "support/scripted.h"
 #include "support/testlib.h"
 
 #include <math.h>
@@ -605,6 +606,51 @@ static void api(void)
                                      &g.dk.t, &g.dv.t, &prm),
                  SDPA_INVALID_ARGUMENT);
     sdpa_layer_destroy(layer);
+    /* the latch: a backend that refuses a backward call at run time is
+     * latched off for the layer's backward pass only (one warning), the
+     * next candidate runs in the same call; out of memory is returned */
+    static scripted refusing;
+    memset(&refusing, 0, sizeof refusing);
+    sdpa_context *lctx = tl_context(NULL);
+    scripted_add(lctx, "test.refuse", &refusing);
+    CHECK_STATUS(sdpa_context_load_policy_text(lctx,
+                                               "rule both\ndevice cpu\npass forward backward\n"
+                                               "try test.refuse ref\nevidence test\n",
+                                               "latch.rules"),
+                 SDPA_OK);
+    CHECK_STATUS(sdpa_layer_create(lctx, &ld, &layer), SDPA_OK);
+    refusing.run_status = SDPA_UNSUPPORTED;
+    tl_log_reset();
+    for (int i = 0; i < 2; i++) {
+        CHECK_STATUS(sdpa_layer_backward(layer, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL,
+                                         &g.dq.t, &g.dk.t, &g.dv.t, &prm),
+                     SDPA_OK);
+        CHECK(strcmp(sdpa_last_backend(), "ref") == 0, "the next candidate ran: %s",
+              sdpa_last_backend());
+    }
+    CHECK(tl_log_warnings == 1 && strstr(tl_last_warning, "test.refuse") &&
+              strstr(tl_last_warning, "backward pass"),
+          "one warning for the latch: %d, %s", tl_log_warnings, tl_last_warning);
+    CHECK(atomic_load(&refusing.runs) == 1, "latched: tried once, %d times",
+          atomic_load(&refusing.runs));
+    refusing.run_status = SDPA_OK; /* the forward is not latched */
+    tl_output fo;
+    if (tl_output_make(&fo, &p)) {
+        CHECK_STATUS(sdpa_layer_forward(layer, &p.q, &p.k, &p.v, &fo.t, fo.lse, &prm), SDPA_OK);
+        CHECK(strcmp(sdpa_last_backend(), "test.refuse") == 0,
+              "the forward still runs the backend latched off for the backward: %s",
+              sdpa_last_backend());
+        tl_output_free(&fo);
+    }
+    sdpa_layer_destroy(layer);
+    CHECK_STATUS(sdpa_layer_create(lctx, &ld, &layer), SDPA_OK);
+    refusing.run_status = SDPA_OUT_OF_MEMORY;
+    CHECK_STATUS(sdpa_layer_backward(layer, &p.q, &p.k, &p.v, &out.t, out.lse, &dp.q, NULL,
+                                     &g.dq.t, &g.dk.t, &g.dv.t, &prm),
+                 SDPA_OUT_OF_MEMORY);
+    CHECK(!sdpa_layer_is_latched(layer, "test.refuse"), "out of memory latches nothing");
+    sdpa_layer_destroy(layer);
+    sdpa_context_destroy(lctx);
     tl_problem_free(&p), tl_problem_free(&dp), tl_output_free(&out), grads_free(&g);
 }
 

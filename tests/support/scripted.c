@@ -49,6 +49,17 @@ static sdpa_status scripted_run(const sdpa_backend *self, const sdpa_call *call)
     return st;
 }
 
+/* The backward pass: the same script (its status, its cost), then ref's. */
+static sdpa_status scripted_backward(const sdpa_backend *self, const sdpa_call *call)
+{
+    scripted *s = self->state;
+    atomic_fetch_add(&s->runs, 1);
+    if (s->run_status != SDPA_OK)
+        return sdpa__fail(s->run_status, "%s: scripted %s", self->name,
+                          sdpa_status_string(s->run_status));
+    return sdpa__backend_ref.backward(&sdpa__backend_ref, call);
+}
+
 static sdpa_status scripted_prepare(const sdpa_backend *self, const sdpa_call *call)
 {
     (void)call;
@@ -79,6 +90,7 @@ sdpa_status scripted_add(sdpa_context *ctx, const char *name, scripted *script)
     b->device = script->cuda ? SDPA_DEVICE_CUDA : SDPA_DEVICE_CPU;
     b->check = scripted_check;
     b->run = scripted_run;
+    b->backward = scripted_backward;
     b->prepare = scripted_prepare; /* has_prepare may be set after registering */
     b->state = script;
     return sdpa__ctx_add_backend(ctx, b);
