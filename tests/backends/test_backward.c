@@ -633,6 +633,7 @@ static void api(void)
           "one warning for the latch: %d, %s", tl_log_warnings, tl_last_warning);
     CHECK(atomic_load(&refusing.runs) == 1, "latched: tried once, %d times",
           atomic_load(&refusing.runs));
+    CHECK(sdpa_layer_is_latched(layer, "test.refuse"), "is_latched says so");
     refusing.run_status = SDPA_OK; /* the forward is not latched */
     tl_output fo;
     if (tl_output_make(&fo, &p)) {
