@@ -232,21 +232,24 @@ def _forward(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=
     return call.run(C.lib.sdpa_forward, _context().handle)
 
 
-def _lse_arg(x, name, B, Hq, Sq, writable=False):
-    """(object, address) of a contiguous float32 [B, Hq, Sq] on the CPU or
-    the inputs' CUDA device (numpy or torch), or InvalidArgumentError."""
+def _lse_arg(x, name, B, Hq, Sq, writable=False, device="cpu"):
+    """(object, address) of a contiguous float32 [B, Hq, Sq] on `device`
+    ("cpu" or "cuda": a torch tensor there, or on the CPU a numpy array
+    too), or InvalidArgumentError naming `name`."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        ok = x.dtype == torch.float32 and x.is_contiguous()
+        ok = x.dtype == torch.float32 and x.is_contiguous() and x.device.type == device
         ptr = x.data_ptr()
     else:
         x = np.asarray(x)
-        ok = x.dtype == np.float32 and x.flags.c_contiguous and (x.flags.writeable or
-                                                                  not writable)
+        ok = (device == "cpu" and x.dtype == np.float32 and x.flags.c_contiguous and
+              (x.flags.writeable or not writable))
         ptr = x.ctypes.data
     if not ok or tuple(x.shape) != (B, Hq, Sq):
+        where = "the CPU" if device == "cpu" else "the inputs' device"
         raise InvalidArgumentError(f"{name} has shape {tuple(x.shape)} and dtype {x.dtype}, "
-                                   f"expected a contiguous float32 [B, Hq, Sq] = {(B, Hq, Sq)}")
+                                   f"expected a contiguous float32 [B, Hq, Sq] = {(B, Hq, Sq)} "
+                                   f"on {where}")
     return x, ptr
 
 
@@ -266,8 +269,10 @@ def backward(q, k, v, out, lse, dout, *, layout="bshd", is_causal=False, scale=N
                  component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=False)
     B, Sq, Skv, Hq, Hkv, D = call.shape
     vo, vd = A.view(out, "out", layout), A.view(dout, "dout", layout)
-    lse_obj, lse_ptr = _lse_arg(lse, "lse", B, Hq, Sq)
-    dlse_obj, dlse_ptr = (None, None) if dlse is None else _lse_arg(dlse, "dlse", B, Hq, Sq)
+    where = "cpu" if call.q.device[0] == C.DEVICE_CPU else "cuda"
+    lse_obj, lse_ptr = _lse_arg(lse, "lse", B, Hq, Sq, device=where)
+    dlse_obj, dlse_ptr = ((None, None) if dlse is None else
+                          _lse_arg(dlse, "dlse", B, Hq, Sq, device=where))
     if call.torch:
         torch = sys.modules["torch"]
         grads = tuple(torch.empty_like(x) for x in (call.q.keep, call.k.keep, call.v.keep))
@@ -504,23 +509,8 @@ def merge(out_a, lse_a, out_b, lse_b, *, layout="bshd", out=None, lse=None):
     B, Sq, Hq, _ = va.sizes
     torch = sys.modules.get("torch") if A.is_torch(out_a) else None
 
-    def lse_of(x, name, writable=False):
-        if torch is not None and isinstance(x, torch.Tensor):
-            ok = x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu"
-            ptr = x.data_ptr()
-        else:
-            x = np.asarray(x)
-            ok = x.dtype == np.float32 and x.flags.c_contiguous and (x.flags.writeable or
-                                                                      not writable)
-            ptr = x.ctypes.data
-        if not ok or tuple(x.shape) != (B, Hq, Sq):
-            raise InvalidArgumentError(f"merge: {name} has shape {tuple(x.shape)} and dtype "
-                                       f"{x.dtype}, expected a contiguous float32 "
-                                       f"[B, Hq, Sq] = {(B, Hq, Sq)} on the CPU")
-        return x, ptr
-
-    la, pa = lse_of(lse_a, "lse_a")
-    lb, pb = lse_of(lse_b, "lse_b")
+    la, pa = _lse_arg(lse_a, "merge: lse_a", B, Hq, Sq)
+    lb, pb = _lse_arg(lse_b, "merge: lse_b", B, Hq, Sq)
     if out is None:
         shape = tuple(out_a.shape)
         out = (torch.empty(shape, dtype=torch.float32) if torch is not None else
@@ -529,7 +519,7 @@ def merge(out_a, lse_a, out_b, lse_b, *, layout="bshd", out=None, lse=None):
         lse = (torch.empty((B, Hq, Sq), dtype=torch.float32) if torch is not None else
                np.empty((B, Hq, Sq), dtype=np.float32))
     vo = A.view(out, "out", layout, writable=True)
-    lo, po = lse_of(lse, "lse", writable=True)
+    lo, po = _lse_arg(lse, "merge: lse", B, Hq, Sq, writable=True)
     ta, tb, to = va.tensor(), vb.tensor(), vo.tensor()
     C.check(C.lib.sdpa_merge(ctypes.byref(ta), pa, ctypes.byref(tb), pb, ctypes.byref(to), po),
             "merge")
