@@ -21,21 +21,22 @@
  * (vectors), n a multiple of VL. Q and dO are packed once per task as f32
  * rows; K and V once per key block, as K^T, V^T (lanes) and K rows.
  *
- * Threads without races: a task is one (batch, KV head, key chunk). It
- * owns the dK and dV rows of its keys, summed over the query heads that
- * read the KV head (grouped-query), and accumulates dQ for all those rows
- * privately. With one chunk per (batch, KV head) the task stores dQ
- * itself; with several (few heads, long keys), each chunk's dQ is kept and
- * a second pass sums the chunks in chunk order. The split depends on the
- * shape only, never on the thread count, so the gradients are
- * deterministic. Keys hidden by a key mask are gathered out before
- * packing (as in the forward) and get zero gradients; keys past the real
- * length likewise.
+ * Threads without races: a task is one (batch, KV head), or a chunk of
+ * its rows or of its keys (bwd_split_make says which). A task owns the dK
+ * and dV rows of its keys, summed over the query heads that read the KV
+ * head (grouped-query), and the dQ rows of its rows. With one task per
+ * (batch, KV head) it stores both itself; cut into chunks of keys, each
+ * keeps a partial dQ of all the rows, cut into chunks of rows a partial dK
+ * and dV of all the keys, and a second pass sums the parts in chunk order.
+ * The cut depends on the shape only, never on the thread count, so the
+ * gradients are deterministic. Keys hidden by a key mask are gathered out
+ * before packing (as in the forward) and get zero gradients; keys past
+ * the real length likewise.
  *
  * Extra memory per thread: rows (3 Dp + 2) floats for the task's rows
- * (rows = Hq/Hkv x Sq; Dp = D rounded up to VL), plus the key block's
- * tiles, about 4 D BK + BK Dp + 2 BQ BK floats; with several chunks,
- * B Hkv chunks rows Dp floats of partial dQ for the call.
+ * (at most Hq/Hkv x Sq; Dp = D rounded up to VL), plus the key block's
+ * tiles, about 4 D BK + BK Dp + 2 BQ BK floats; with chunks, the parts:
+ * B Hkv chunks x (rows Dp, or 2 Skv Dp) floats for the call.
  *
  * The ISA file defines, before including: VL, vec, V_LOAD, V_STORE,
  * V_SET1, V_ZERO, V_FMA, V_MUL, V_ADD, V_SUB, V_EXP (x <= 0 and -inf),
