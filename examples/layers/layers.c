@@ -51,7 +51,7 @@ int main(void)
     sdpa_override_pop();
 
     sdpa_call_desc call = {SDPA_DEVICE_CPU, SDPA_F32, 1, S, S, H, H, D, SDPA_CAUSAL_NONE,
-                           0, 0, NULL, "transformer", NULL, 0};
+                           0, 0, NULL, "transformer", NULL, 0, 0};
     char *why;
     if (sdpa_explain(ctx, &call, 0, &why) != SDPA_OK)
         return fprintf(stderr, "%s\n", sdpa_last_error()), 1;
