@@ -190,9 +190,12 @@ def stats():
 
 
 def reset_stats():
+    """Counts back to zero, and every reason is reported again when it next
+    occurs."""
     with _lock:
         _taken.clear()
         _handed_back.clear()
+        _warned.clear()
 
 
 def explain():
