@@ -194,13 +194,7 @@ static int claims(const char *backend, const bcase *bc, char *why, size_t n)
     const tl_case *c = &bc->c;
     sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
                         c->causal, 1, 0, backend, NULL, NULL, mask_kinds(bc->masks), 1};
-    static _Thread_local sdpa_decision dec;
-    if (sdpa_decide(ctx2, &d, &dec) != SDPA_OK)
-        return snprintf(why, n, "%s", sdpa_last_error()), 0;
-    if (dec.n_candidates == 1)
-        return 1;
-    snprintf(why, n, "%s", dec.error);
-    return 0;
+    return tl_claims(ctx2, &d, why, n);
 }
 
 /* |error| allowed relative to max |ref gradient|: f32 accumulation of

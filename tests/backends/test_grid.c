@@ -60,13 +60,7 @@ static int claims(const char *backend, const tl_case *c, char *why, size_t n)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
                         c->causal, c->want_lse, 0, backend, NULL, NULL, 0, 0};
-    static _Thread_local sdpa_decision dec;
-    if (sdpa_decide(ctx2, &d, &dec) != SDPA_OK)
-        return snprintf(why, n, "%s", sdpa_last_error()), 0;
-    if (dec.n_candidates == 1)
-        return 1;
-    snprintf(why, n, "%s", dec.error);
-    return 0;
+    return tl_claims(ctx2, &d, why, n);
 }
 
 /* Largest |error| a case may show, relative to max |ref|: the rounding of

@@ -460,3 +460,14 @@ sdpa_context *tl_context(const char *platform)
         printf("context: %s\n", sdpa_last_error());
     return ctx;
 }
+
+int tl_claims(sdpa_context *ctx, const sdpa_call_desc *d, char *why, size_t n)
+{
+    static _Thread_local sdpa_decision dec;
+    if (sdpa_decide(ctx, d, &dec) != SDPA_OK)
+        return snprintf(why, n, "%s", sdpa_last_error()), 0;
+    if (dec.n_candidates == 1)
+        return 1;
+    snprintf(why, n, "%s", dec.error);
+    return 0;
+}

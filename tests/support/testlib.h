@@ -132,6 +132,11 @@ double tl_case_scale(const tl_case *c);
 sdpa_status tl_run_against_ref(sdpa_context *ctx, const char *backend, const tl_case *c,
                                double *diff, char *ran, size_t n);
 
+/* Does the backend named in d->backend claim the call d describes (its
+ * capabilities and check, as sdpa_decide sees them on ctx)? 1, or 0 with
+ * the reason in why. A claimed case must run: refusing it is a failure. */
+int tl_claims(sdpa_context *ctx, const sdpa_call_desc *d, char *why, size_t n);
+
 /* A context with the given platform spec (NULL = this machine), 2 threads,
  * env ignored, logs captured into tl_log_* counters. */
 sdpa_context *tl_context(const char *platform);
