@@ -145,6 +145,19 @@ int sdpa__pool_threads(const sdpa_pool *pool);
  */
 void sdpa__parallel_for(sdpa_pool *pool, int64_t n_tasks, sdpa_task_fn fn, void *arg);
 
+/*
+ * State a kernel keeps on a thread between its tasks (cpu.amx: the tile
+ * configuration, 8 KiB of register state the OS saves on every switch)
+ * is dropped by fn, which the calling thread registers here: a pool worker
+ * runs its registered functions once when it goes idle (after its spin,
+ * before it sleeps), then forgets them. Up to 4 distinct functions per
+ * thread (returns 0 when there is no room: the kernel must then drop its
+ * state itself after each task); registering one again is a no-op. A
+ * thread that is not a pool worker (the caller of a call) never goes idle
+ * here: the kernel drops its state itself at the end of the call.
+ */
+int sdpa__thread_on_idle(void (*fn)(void));
+
 /* ---- platform (platform.c) */
 
 /* This machine's CPU, and its CUDA device through probe_cuda (the

@@ -102,6 +102,32 @@ static int spin(const sdpa_pool *p, int (*ready)(const sdpa_pool *, uint64_t), u
     }
 }
 
+#define IDLE_HOOKS 4
+static _Thread_local void (*idle_hooks[IDLE_HOOKS])(void);
+
+int sdpa__thread_on_idle(void (*fn)(void))
+{
+    for (int i = 0; i < IDLE_HOOKS; i++) {
+        if (idle_hooks[i] == fn)
+            return 1;
+        if (!idle_hooks[i]) {
+            idle_hooks[i] = fn;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A worker about to sleep: what its kernels kept for the next task goes. */
+static void run_idle_hooks(void)
+{
+    for (int i = 0; i < IDLE_HOOKS && idle_hooks[i]; i++) {
+        void (*fn)(void) = idle_hooks[i];
+        idle_hooks[i] = NULL;
+        fn();
+    }
+}
+
 static void *worker_main(void *raw)
 {
     worker_arg wa = *(worker_arg *)raw;
@@ -110,6 +136,7 @@ static void *worker_main(void *raw)
     uint64_t seen = 0;
     for (;;) {
         if (!spin(p, new_region, seen)) {
+            run_idle_hooks();
             pthread_mutex_lock(&p->m);
             while (!atomic_load(&p->stop) && p->generation == seen)
                 pthread_cond_wait(&p->start, &p->m);

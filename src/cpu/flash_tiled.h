@@ -355,20 +355,26 @@ static void mask_tile_general(float *st, int bk, const int64_t *idx, int64_t p0,
  * row i lands on fp32 row i, which was read before (i > 0) or just now
  * (i = 0); an odd last key pairs with zero.
  */
-static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg)
+static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg, int exact)
 {
     vec sum = V_ZERO();
 #ifdef TILED_PAIRS
+    /* exact: scale s rounded before the max is subtracted (V_MUL_ROUNDED,
+     * which the compiler does not fuse), for a max so large that an FMA's
+     * unrounded product would leave a residue of 2^-24 |m| (softmax_tile) */
+#define SCALED_SHIFTED(x) (exact ? V_ADD(V_MUL_ROUNDED((x), sc), neg) : V_FMA((x), sc, neg))
     uint32_t *pt = (uint32_t *)st;
     for (int j = 0; j < bk; j += 2) {
-        const vec lo = V_EXP(V_FMA(V_LOAD(st + (ptrdiff_t)j * BQ + v * VL), sc, neg));
+        const vec lo = V_EXP(SCALED_SHIFTED(V_LOAD(st + (ptrdiff_t)j * BQ + v * VL)));
         const vec hi = j + 1 < bk
-                           ? V_EXP(V_FMA(V_LOAD(st + (ptrdiff_t)(j + 1) * BQ + v * VL), sc, neg))
+                           ? V_EXP(SCALED_SHIFTED(V_LOAD(st + (ptrdiff_t)(j + 1) * BQ + v * VL)))
                            : V_ZERO();
         sum = V_ADD(sum, V_ADD(lo, hi));
         PACK_PAIRS(pt + (ptrdiff_t)(j / 2) * BQ + v * VL, lo, hi);
     }
+#undef SCALED_SHIFTED
 #else
+    (void)exact; /* fp32 products: s is already scaled, the FMA multiplies by 1 */
     for (int j = 0; j < bk; j++) {
         float *p = st + (ptrdiff_t)j * BQ + v * VL;
         const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
@@ -378,6 +384,11 @@ static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg)
 #endif
     return sum;
 }
+
+/* A running max beyond which the exponent's FMA residue (2^-24 |m|) could
+ * reach 2^-4: exp_rows then rounds the scaled scores first. Only scales
+ * around 1e30 or scores around 1e7 get there. */
+#define HUGE_MAX 0x1p20f
 
 /*
  * Online softmax over a tile of scores s (P^T = exp(scale s - m) in
@@ -411,13 +422,14 @@ static void softmax_tile(float *st, int bk, const qblock *qb, int64_t D, int qv,
         float mb[VL], ob[VL];
         V_STORE(mb, mx);
         V_STORE(ob, old);
-        int moved = 0;
+        int moved = 0, huge = 0;
         for (int i = 0; i < VL; i++) {
             moved |= !(mb[i] == ob[i]);
             mb[i] = mb[i] == -INFINITY ? 0.0f : -mb[i];
+            huge |= fabsf(mb[i]) >= HUGE_MAX;
         }
         const vec neg = V_LOAD(mb);
-        const vec sum = exp_rows(st, bk, v, sc, neg);
+        const vec sum = exp_rows(st, bk, v, sc, neg, huge);
         if (!moved) {
             V_STORE(qb->l + v * VL, V_ADD(V_LOAD(qb->l + v * VL), sum));
             continue;
@@ -663,34 +675,14 @@ static void softmax_full(float *st, int bk, const qblock *qb, int qv, const vec 
         float mb[VL];
         V_STORE(qb->m + v * VL, mx);
         V_STORE(mb, mx);
-        for (int i = 0; i < VL; i++)
+        int huge = 0;
+        for (int i = 0; i < VL; i++) {
             mb[i] = mb[i] == -INFINITY ? 0.0f : -mb[i];
-        const vec neg = V_LOAD(mb);
-        const vec sum = exp_rows(st, bk, v, sc, neg);
-        V_STORE(qb->l + v * VL, sum);
-    }
-}
-
-/* Touches the cache lines of rows i0 .. i0 + rows of t (Q to read, or the
- * output with write intent) ahead of their use: a row space of one head
- * strides Hq D elements per row, which the hardware prefetchers follow
- * poorly, and a short-key block computes too little to hide the misses. */
-static void prefetch_rows(const sdpa_tensor *t, const flash_task *tk, int64_t i0, int rows,
-                          int64_t D, int write)
-{
-    if (t->stride[3] != 1)
-        return; /* strided head dim: left to the hardware */
-    const int64_t bytes = D * (int64_t)sdpa_dtype_size(t->dtype);
-    for (int r = 0; r < rows; r++) {
-        int64_t h, i;
-        flash_row(tk, i0 + r, &h, &i);
-        const char *p = sdpa__elem(t, sdpa__offset(t, tk->b, i, h, 0));
-        for (int64_t o = 0; o < bytes; o += 64) {
-            if (write)
-                __builtin_prefetch(p + o, 1, 3);
-            else
-                __builtin_prefetch(p + o, 0, 3);
+            huge |= fabsf(mb[i]) >= HUGE_MAX;
         }
+        const vec neg = V_LOAD(mb);
+        const vec sum = exp_rows(st, bk, v, sc, neg, huge);
+        V_STORE(qb->l + v * VL, sum);
     }
 }
 
@@ -718,7 +710,7 @@ static void task_short_fn(void *arg, int64_t task, int worker)
         /* the next block's Q is fetched during this block's scores, this
          * block's output rows during its softmax and values */
         if (q + 1 < tk.nqb)
-            prefetch_rows(c->q, &tk, i0 + BQ, flash_block_rows(jb->split.rows, i0 + BQ, BQ),
+            flash_prefetch_rows(c->q, &tk, i0 + BQ, flash_block_rows(jb->split.rows, i0 + BQ, BQ),
                           c->desc.D, 0);
         if (nk > 0) {
             const int qv = (rows + VL - 1) / VL; /* vectors of real rows */
@@ -728,7 +720,7 @@ static void task_short_fn(void *arg, int64_t task, int worker)
                 mx[v] = V_SET1(-INFINITY);
             vec *mxp = max_fused(c, masked) ? mx : NULL;
             scores(c, w, qb, (int)nk, qv, mxp);
-            prefetch_rows(c->out, &tk, i0, rows, c->desc.D, 1);
+            flash_prefetch_rows(c->out, &tk, i0, rows, c->desc.D, 1);
             mask_scores(c, w, &tk, keys, 0, (int)nk, i0);
             softmax_full(w->st, (int)nk, qb, qv, mxp, score_scale(c));
             values(c, w, qb, (int)nk, qv, 0);

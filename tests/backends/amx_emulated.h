@@ -7,4 +7,7 @@
 /* The descriptor "cpu.amx-emulated", made on first use. */
 const sdpa_backend *sdpa__cpu_amx_emulated(void);
 
+/* Threads that hold a tile configuration of the emulated kernel now. */
+int sdpa__cpu_amx_emulated_threads_holding_tiles(void);
+
 #endif

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static sdpa_context *ctx1, *ctx2; /* 1 and 2 threads */
 
@@ -75,24 +76,30 @@ static double relative_tolerance(const tl_case *c, int product_bits)
     return tol;
 }
 
-/* One case: backend vs ref, then determinism across thread counts. A
- * backend that does not take the case's input dtype (cpu.amx: no f32) gets
- * the same case in the dtypes it does take, alternately, so that it goes
- * through the whole grid rather than a fraction of it. */
-static void check_case(const char *backend, const tl_case *case_in)
+/* A backend that does not take a case's input dtype (cpu.amx: no f32)
+ * gets the same case in the dtypes it does take, alternately, so that it
+ * goes through the whole grid rather than a fraction of it. */
+static tl_case in_dtype_taken(const sdpa_backend_info *bi, const tl_case *c)
 {
     static unsigned alternate;
-    const sdpa_backend_info bi = info(backend);
-    tl_case cc = *case_in;
-    const tl_case *c = &cc;
-    if (bi.dtypes && !(bi.dtypes & (1u << cc.dtype))) {
+    tl_case cc = *c;
+    if (bi->dtypes && !(bi->dtypes & (1u << cc.dtype))) {
         sdpa_dtype pick[SDPA_DTYPE_COUNT];
         int n = 0;
         for (int t = 0; t < SDPA_DTYPE_COUNT; t++)
-            if (bi.dtypes & (1u << t))
+            if (bi->dtypes & (1u << t))
                 pick[n++] = (sdpa_dtype)t;
         cc.dtype = pick[alternate++ % (unsigned)n];
     }
+    return cc;
+}
+
+/* One case: backend vs ref, then determinism across thread counts. */
+static void check_case(const char *backend, const tl_case *case_in)
+{
+    const sdpa_backend_info bi = info(backend);
+    tl_case cc = in_dtype_taken(&bi, case_in);
+    const tl_case *c = &cc;
     char what[256], why[128];
     describe(c, what, sizeof what);
     tl_problem p;
@@ -178,8 +185,11 @@ static void check_case(const char *backend, const tl_case *case_in)
  * what must hold whatever the order: finite, within the range of v (a
  * convex combination), and LSE equal to the largest score to within
  * float32 rounding. */
-static void huge_scale_case(const char *backend, const tl_case *c)
+static void huge_scale_case(const char *backend, const tl_case *case_in)
 {
+    const sdpa_backend_info bi = info(backend);
+    const tl_case cc = in_dtype_taken(&bi, case_in);
+    const tl_case *c = &cc;
     char what[256], why[512];
     describe(c, what, sizeof what);
     if (!claims(backend, c, why, sizeof why)) {
@@ -194,8 +204,18 @@ static void huge_scale_case(const char *backend, const tl_case *c)
         CHECK(0, "%s: out of memory", what);
         return;
     }
+    /* the reference on the inputs as the backend rounds them (f16 to bf16
+     * for bf16 products): the LSE is the largest score times 1e30 */
+    tl_problem rounded;
+    const int round_inputs = bi.product_bits == 8 && c->dtype == SDPA_F16;
+    if (round_inputs && !tl_problem_rounded(&rounded, &p, SDPA_BF16)) {
+        CHECK(0, "%s: out of memory", what);
+        return;
+    }
     CHECK_STATUS(run(ctx2, backend, &p, &got), SDPA_OK);
-    CHECK_STATUS(run(ctx2, "ref", &p, &want), SDPA_OK);
+    CHECK_STATUS(run(ctx2, "ref", round_inputs ? &rounded : &p, &want), SDPA_OK);
+    if (round_inputs)
+        tl_problem_free(&rounded);
     int bad_out = 0, bad_lse = 0;
     for (int64_t s = 0; s < c->Sq; s++)
         for (int64_t h = 0; h < c->Hq; h++)
@@ -374,6 +394,34 @@ static void self_test(void)
     tl_output_free(&a), tl_problem_free(&p);
 }
 
+#ifdef SDPA_TEST_AMX_EMULATED
+/* cpu.amx keeps a thread's tile configuration while it works and drops it
+ * when it goes idle: the calling thread at the end of the call, a pool
+ * worker when it sleeps (after its spin). */
+static void tile_release_check(void)
+{
+    if (!(sdpa_context_platform(ctx2)->cpu_features & SDPA_CPU_AVX512BF16))
+        return;
+    tl_case c = mk(1, 200, 300, 4, 2, 64);
+    c.dtype = SDPA_BF16;
+    tl_problem p;
+    tl_output o;
+    if (!tl_problem_make(&p, &c) || !tl_output_make(&o, &p)) {
+        CHECK(0, "tile release: out of memory");
+        return;
+    }
+    CHECK_STATUS(run(ctx2, "cpu.amx-emulated", &p, &o), SDPA_OK);
+    const int after = sdpa__cpu_amx_emulated_threads_holding_tiles();
+    CHECK(after <= 1, "after a call %d threads hold tiles (the caller must not)", after);
+    struct timespec ts = {0, 50 * 1000 * 1000}; /* the pool spins 50 us, then sleeps */
+    nanosleep(&ts, NULL);
+    CHECK(sdpa__cpu_amx_emulated_threads_holding_tiles() == 0,
+          "%d threads still hold tiles once the pool is idle",
+          sdpa__cpu_amx_emulated_threads_holding_tiles());
+    tl_output_free(&o), tl_problem_free(&p);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     tl_seed_from_env();
@@ -401,6 +449,9 @@ int main(int argc, char **argv)
         CHECK(claims("cpu.amx-emulated", &probe, why, sizeof why),
               "cpu.amx-emulated does not claim a plain bf16 case: %s", why);
     }
+#endif
+#ifdef SDPA_TEST_AMX_EMULATED
+    tile_release_check();
 #endif
     if (argc > 1) {
         for (int i = 1; i < argc; i++)

@@ -140,6 +140,18 @@ static inline void amx_emu_dpbf16ps(int c, int a, int b)
 #define TILE_STORE(t, base, stride) amx_emu_store((t), (base), (stride))
 #define TILE_DPBF16PS(c, a, b) amx_emu_dpbf16ps((c), (a), (b))
 
+#elif defined(SDPA_AMX_NO_TILES)
+/* The tile work compiled out (bench/amx_cost.c): configuration, loads,
+ * products and stores do nothing, so what remains is what the kernel
+ * spends outside the tiles (packing, softmax, the O rescale, stores, the
+ * task loop), timeable on any CPU with AVX-512 BF16. Results are garbage. */
+#define TILE_LOADCONFIG(cfg) ((void)(cfg))
+#define TILE_RELEASE() ((void)0)
+#define TILE_ZERO(t) ((void)0)
+#define TILE_LOAD(t, base, stride) ((void)(base), (void)(stride))
+#define TILE_STORE(t, base, stride) ((void)(base), (void)(stride))
+#define TILE_DPBF16PS(c, a, b) ((void)0)
+
 #else /* the instructions */
 #include <immintrin.h>
 

@@ -27,7 +27,7 @@ static int amx_present(const sdpa_backend *self, const sdpa_platform *host, char
 
 const sdpa_backend sdpa__backend_cpu_amx = {
     .name = "cpu.amx",
-    .summary = "flash attention on AMX tiles, bf16 products, fp32 softmax (32 x 128 blocks)",
+    .summary = "flash attention on AMX tiles, bf16 products, fp32 softmax (32 x 256 blocks)",
     .device = SDPA_DEVICE_CPU,
     .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F16) | SDPA_DTYPE_BIT(SDPA_BF16), .d_min = 1,
              .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1, .causal_top_left = 1,

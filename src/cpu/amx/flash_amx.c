@@ -1,185 +1,355 @@
 /*
  * flash_amx.c - cpu.amx: flash attention with both products on AMX tiles
- * (TDPBF16PS: bf16 inputs, fp32 accumulation) and the online softmax in
- * fp32 AVX-512. bf16 inputs are used as they are, f16 inputs are rounded
- * to bf16 when loaded; f32 inputs are not taken (that would be a silent
- * loss of 16 mantissa bits: cpu.avx512 serves them).
+ * (TDPBF16PS: bf16 operands, fp32 sums) and the online softmax in fp32
+ * AVX-512. bf16 inputs are used as they are, f16 inputs are rounded to
+ * bf16 while packed; f32 inputs are not taken (a silent loss of 16
+ * mantissa bits: cpu.avx512 serves them).
  *
- * Blocking, for one block of BQ = 32 queries and BK = 128 keys:
+ * One query block of BQ = 32 rows against one key block of kb keys:
  *
- *     S [32][BK]  = Q [32][Dp] . K^T          tiles: 2 x 2 C, 2 A, 2 B
- *     P = exp(S*scale - m)  in fp32, rounded to bf16 for the second product
- *     O [32][Dp] = O * alpha + P [32][BK] . V  (O loaded as C, 2 x 2 at a time)
+ *     S [32][kb]  = Q [32][Dp] . K^T       tiles: C 2 x 2, A = Q rows, B = K
+ *     P = 2^(c S - m)  fp32, rounded to bf16 (AVX-512, one pass per row)
+ *     O [32][Dp] += P [32][kb] . V         tiles: C = O, A = P rows, B = V
  *
- * Dp is D rounded up to 32 (one A tile row holds 32 bf16); the pad columns
- * of Q and K are zero, so they add nothing to S, and the pad columns of O
- * are never stored. Keys past the end of a block are zero in K and V and
- * masked to -inf in S, so they add exact zeros to P.V (zero V, not
- * whatever memory held, because 0 * NaN is NaN).
+ * c = |scale| log2(e): the scale is folded into the exponent (q is negated
+ * when the scale is negative, so that c >= 0 and a max stays a max), and m,
+ * the running max, is kept in log2 units. Dp is D rounded up to 32; pad
+ * columns of Q and K are zero and add nothing to S, pad keys of a block
+ * (its key count rounded up to 32) are masked to P = 0 exactly.
  *
- * Packing, once per (task, KV block) and shared by the query blocks of the
- * task: K into B tiles of the first product, where B row r holds, for 16
- * keys, the pairs (d = 2r, 2r+1) of a 32-wide slice of the head dim; V into
- * B tiles of the second, where row r holds, for 16 head-dim columns, the
- * pairs (key 2r, 2r+1) of a 32-key chunk. Q rows are A tiles as they are.
+ * Packing. K and V of one (batch, KV head) are packed once per call, by
+ * every thread in a phase of their own before the products, into the B
+ * tile layouts (VNNI pairs): K as [keys/16][Dp/32] tiles whose row r holds
+ * the pairs (d = 2r, 2r+1) of 16 keys, built by a 16 x 16 transpose of
+ * 32-bit words; V as [keys/32][Dp/16] tiles whose row r holds, for 16 head
+ * dims, the pair (key 2r, 2r+1), built by one 16-bit interleave (VPERMT2W)
+ * per row. Every query block and every grouped-query head that reads that
+ * KV head then loads its tiles as they are. Packed K and V take as many
+ * bytes as the inputs (bf16); the call packs groups of KV heads of at most
+ * PACK_BUDGET bytes at a time (so a 500K-token video does not double its
+ * K and V in memory), a barrier between packing and products per group.
  *
- * The softmax is where the time goes: the two products cost 2 x 32 x 128 x
- * Dp MACs per block in 16 x 16 x 32 steps (~32 cycles per step at Dp = 128
- * on two tile units' worth), while the exp, max and sum touch each of the
- * 32 x 128 scores in 16-lane vectors. So the exp here is the shortest that
- * is accurate enough: P is rounded to bf16 (relative error up to 2^-8 = 3.9e-3)
- * anyway, and a degree-3 polynomial for 2^f on [-1/2, 1/2] has relative
- * error 7.5e-5. m, the running max, is kept in log2 units.
+ * The softmax, per row of S while it is in registers: the row max (vector
+ * max, no horizontal step unless it moved), P = 2^(c s - m) by one FMA,
+ * VREDUCEPS (the fraction), a degree-3 polynomial and VSCALEFPS (6
+ * operations per 16 scores; -inf gives exactly 0, NaN stays NaN), the sum
+ * in a vector per row, VCVTNE2PS2BF16 to bf16 and one store of 32 P
+ * values. The max moves lazily: m is raised only when a score exceeds it
+ * by more than 2^TAU, so P may reach 2^TAU (exact in bf16 terms: its
+ * relative rounding is the same) and O and l are rescaled only then,
+ * almost never after the first key block of a row. Costs, the tiles'
+ * budget and how they were measured: README "cpu.amx" and bench/amx_cost.c.
  *
- * Accuracy against ref: |out - ref| <= 2^-8 max|v| from rounding P (in
- * practice far less: the errors have random signs), plus the rounding of
- * f16 inputs to bf16 (2^-8 relative per element of Q, K and V). The README
- * states what the test grid measures.
+ * Accuracy against ref: P is rounded to bf16 (relative 2^-9) before the
+ * second product, and f16 inputs are rounded to bf16 (2^-9 relative per
+ * element); the polynomial's own relative error is 7.5e-5.
  *
- * Threads: tasks over (batch, head, group of query blocks) as in
- * flash_tiled.h. Each task configures the tiles on its own thread (the
- * tile state is per thread) and releases them at the end, so a worker that
- * goes back to the pool does not carry 8 KiB of tile state.
+ * Threads: packing tasks are (KV head, 512 keys); product tasks are
+ * (batch, head, group of query blocks) as in flash_tasks.h, grouped-query
+ * heads of short calls sharing one row space. Each thread configures its
+ * tiles once (palette 1, all eight 16 x 64 bytes) at its first task and
+ * keeps them while it works; a pool worker releases them when it goes idle
+ * (sdpa__thread_on_idle), the calling thread at the end of the call.
  *
- * This file is compiled twice: with the instructions for the library
- * (AMX_RUN_SYMBOL = sdpa__cpu_amx_run, reached from backend.c) and with
- * SDPA_AMX_EMULATE for the tests (amx_tiles.h, tests/backends/amx_emulated.c).
+ * This file is compiled three ways: with the instructions for the library
+ * (AMX_RUN_SYMBOL = sdpa__cpu_amx_run, reached from backend.c), with
+ * SDPA_AMX_EMULATE for the tests (tests/backends/amx_emulated.c), and with
+ * SDPA_AMX_NO_TILES, the tile work compiled out, to time everything else
+ * on any AVX-512 CPU (bench/amx_cost.c).
  */
 #include "amx_tiles.h"
 
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../flash_tasks.h"
+#include "../avx512/vec_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #ifndef AMX_RUN_SYMBOL
 #define AMX_RUN_SYMBOL sdpa__cpu_amx_run
+#define AMX_HELD_SYMBOL sdpa__cpu_amx_threads_holding_tiles
 #endif
 
-#define BQ 32
-#define BK 128
+#define BQ 32           /* query rows per block: two A tiles of 16 rows      */
+#define BK_LONG 256     /* keys per block past the short path                 */
+#define SHORT_KEYS 512  /* up to here one block holds every key: one softmax  */
+#define PACK_KEYS 512   /* keys per packing task                              */
+#define PACK_BUDGET ((size_t)12 << 20) /* packed K and V held at once        */
 #define LOG2E 1.44269504088896341f
+#define TAU 8.0f        /* the lazy max: P may reach 2^TAU                    */
 
 typedef struct amx_qblock {
-    uint16_t *q;   /* [BQ][Dp] bf16, A tiles           */
-    float *o;      /* [BQ][Dp] accumulator, C tiles    */
-    float *m, *l;  /* [BQ] running max (log2 units), sum */
+    uint16_t *q; /* [BQ][Dp] bf16: A tiles of the first product        */
+    float *o;    /* [BQ][Dp] fp32: C tiles of the second                */
+    float *m;    /* [BQ] running max, log2 units of scaled scores       */
+    float *l;    /* [BQ][16] the softmax denominator, one vector a row  */
+    int o_live;  /* o holds sums; else the next product starts at zero  */
 } amx_qblock;
 
 typedef struct amx_workspace {
-    amx_qblock *qb;
-    float *s;      /* [BQ][BK] scores                   */
-    uint16_t *p;   /* [BQ][BK] bf16 probabilities       */
-    uint16_t *k;   /* [BK/16][Dp/32] B tiles of 512 bf16 */
-    uint16_t *v;   /* [BK/32][Dp/16] B tiles of 512 bf16 */
-    uint16_t *row; /* [Dp] scratch                      */
-    float *frow;   /* [Dp] scratch                      */
-    int64_t *keys; /* [Skv] visible keys under a key mask, else NULL */
+    amx_qblock *qb;  /* [resident query blocks]                         */
+    float *s;        /* [BQ][kb] scores                                 */
+    uint16_t *p;     /* [BQ][kb] bf16 P: A tiles of the second product  */
+    uint16_t *stage; /* [32][Dp] rows converted to bf16 (f16, strided)  */
 } amx_workspace;
+
+/* One (batch, KV head), packed. */
+typedef struct amx_slot {
+    uint16_t *k;   /* [kp/16][Dp/32] B tiles of the first product         */
+    uint16_t *v;   /* [kp/32][Dp/16] B tiles of the second                */
+    int64_t nk;    /* keys packed: those below len_kv (under a key mask,
+                    * only the visible ones, in order)                    */
+    int64_t *kidx; /* key numbers of the packed keys under a key mask, else NULL */
+} amx_slot;
 
 typedef struct amx_job {
     const sdpa_call *c;
-    int64_t Dp;
+    int64_t Dp;              /* D rounded up to 32                          */
+    int64_t kb;              /* keys per block (a multiple of 32)           */
+    int64_t kp;              /* keys of room per slot: Skv rounded up to 32 */
+    int is_short;            /* one block holds every key                   */
     flash_split split;
-    amx_workspace *ws;
-    float scale_log2; /* scale * log2(e) */
+    amx_workspace *ws;       /* [threads]                                   */
+    amx_slot *slots;         /* the packing group's                         */
+    int64_t bh0, nslots;     /* the group: KV rows b * Hkv + hk from bh0    */
+    int64_t spaces_per_slot; /* row spaces reading one KV head              */
+    float c_log2;            /* |scale| log2(e)                             */
+    uint16_t qsign;          /* 0x8000 when scale < 0: q is negated         */
 } amx_job;
 
-static const void *row_ptr(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h)
+/* ---- the tile configuration, kept per thread while it works */
+
+static _Thread_local int amx_tiles_held;  /* this thread's tiles are configured */
+static _Thread_local int amx_tiles_owned; /* and registered to go when idle */
+static _Atomic int amx_holders;           /* threads with tiles configured, for the tests */
+
+static void amx_tiles_drop(void)
 {
-    return sdpa__elem(t, sdpa__offset(t, b, s, h, 0));
+    if (amx_tiles_held) {
+        TILE_RELEASE();
+        amx_tiles_held = 0;
+        amx_holders--;
+    }
+    amx_tiles_owned = 0;
 }
 
-static void load_q(const amx_job *jb, const amx_qblock *qb, int64_t b, int64_t h, int64_t i0,
-                   int rows)
+static inline void amx_tiles_take(void)
 {
-    const sdpa_call *c = jb->c;
-    const int64_t D = c->desc.D, Dp = jb->Dp;
-    memset(qb->q, 0, sizeof(uint16_t) * (size_t)(BQ * Dp));
-    for (int r = 0; r < rows; r++)
-        sdpa__load_row_bf16(row_ptr(c->q, b, i0 + r, h), c->q->dtype, c->q->stride[3], D,
-                            qb->q + r * Dp);
-    memset(qb->o, 0, sizeof(float) * (size_t)(BQ * Dp));
-    for (int r = 0; r < BQ; r++)
-        qb->m[r] = -INFINITY, qb->l[r] = 0.0f;
+    if (amx_tiles_held)
+        return;
+    amx_configure_full_tiles();
+    amx_tiles_held = 1;
+    amx_holders++;
+    amx_tiles_owned = sdpa__thread_on_idle(amx_tiles_drop);
 }
 
-/* K rows of keys flash_key(idx, p0 + j), j < bk, into first-product B
- * tiles, V rows into second-product B tiles; keys bk .. bkp (the pad to
- * 32) are zero. */
-static void pack_kv(const amx_job *jb, const amx_workspace *w, int64_t b, int64_t hk,
-                    const int64_t *idx, int64_t p0, int bk, int bkp)
+/* How many threads hold a tile configuration now (tests: none once the
+ * pool's workers went idle). */
+int AMX_HELD_SYMBOL(void);
+int AMX_HELD_SYMBOL(void) { return amx_holders; }
+
+/* ---- rows as bf16 */
+
+/* 32 bf16 from p, of which the first n are read (n < 32: the rest zero;
+ * a masked load reads nothing past them). */
+static inline __m512i load32(const uint16_t *p, int64_t n)
 {
-    const sdpa_call *c = jb->c;
-    const int64_t D = c->desc.D, Dp = jb->Dp;
-    const int64_t kchunks = Dp / 32, vgroups = Dp / 16;
-    memset(w->k, 0, sizeof(uint16_t) * (size_t)(bkp * Dp));
-    memset(w->v, 0, sizeof(uint16_t) * (size_t)(bkp * Dp));
-    for (int j = 0; j < bk; j++) {
-        /* K: tile (g = j / 16, chunk), row r = (d % 32) / 2, column j % 16, half d % 2 */
-        const int64_t kj = flash_key(idx, p0 + j);
-        sdpa__load_row_bf16(row_ptr(c->k, b, kj, hk), c->k->dtype, c->k->stride[3], D, w->row);
-        uint16_t *kt = w->k + (int64_t)(j / 16) * kchunks * 512 + (j % 16) * 2;
-        for (int64_t d = 0; d < D; d++)
-            kt[(d / 32) * 512 + ((d % 32) / 2) * 32 + (d % 2)] = w->row[d];
-        /* V: tile (chunk = j / 32, group = d / 16), row r = (j % 32) / 2,
-         * column d % 16, half j % 2 */
-        sdpa__load_row_bf16(row_ptr(c->v, b, kj, hk), c->v->dtype, c->v->stride[3], D, w->row);
-        uint16_t *vt = w->v + (int64_t)(j / 32) * vgroups * 512 + ((j % 32) / 2) * 32 + (j % 2);
-        for (int64_t d = 0; d < D; d++)
-            vt[(d / 16) * 512 + (d % 16) * 2] = w->row[d];
+    const __mmask32 m = n >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << n) - 1);
+    return _mm512_maskz_loadu_epi16(m, p);
+}
+
+/* A row of D elements (dtype t, element stride st) as contiguous bf16:
+ * the row itself when it is one, else converted into `stage` (f16 by
+ * VCVTPH2PS and VCVTNE2PS2BF16, both exact or round to nearest even). */
+static const uint16_t *row_bf16(const void *src, sdpa_dtype t, int64_t st, int64_t D,
+                                uint16_t *stage)
+{
+    if (t == SDPA_BF16 && st == 1)
+        return src;
+    if (t == SDPA_F16 && st == 1) {
+        const uint16_t *h = src;
+        int64_t d = 0;
+        for (; d + 32 <= D; d += 32) {
+            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + d)));
+            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + d + 16)));
+            _mm512_storeu_si512(stage + d, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+        for (; d < D; d++)
+            stage[d] = sdpa__f32_to_bf16(sdpa__f16_to_f32(h[d]));
+        return stage;
+    }
+    sdpa__load_row_bf16(src, t, st, D, stage);
+    return stage;
+}
+
+static const uint16_t *kv_row(const sdpa_tensor *t, int64_t b, int64_t j, int64_t hk, int64_t D,
+                              uint16_t *stage)
+{
+    return row_bf16(sdpa__elem(t, sdpa__offset(t, b, j, hk, 0)), t->dtype, t->stride[3], D,
+                    stage);
+}
+
+/* ---- packing: K and V of one slot into B tiles */
+
+/* Keys [j0, j0 + n) of the slot's packed order (n <= 32, j0 a multiple
+ * of 32; keys n..31 are zero): K into tiles j0/16 and j0/16 + 1 of every
+ * head-dim chunk, by a 16 x 16 transpose of bf16 pairs. */
+static void pack_k32(const amx_job *jb, const amx_slot *sl, const uint16_t *const rows[32], int n,
+                     int64_t j0)
+{
+    const int64_t D = jb->c->desc.D, nch = jb->Dp / 32;
+    for (int half = 0; half < 2; half++) {
+        uint16_t *kt = sl->k + (j0 / 16 + half) * nch * 512;
+        for (int64_t ch = 0; ch < nch; ch++) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = 16 * half + i < n
+                           ? _mm512_castsi512_ps(load32(rows[16 * half + i] + ch * 32, D - ch * 32))
+                           : _mm512_setzero_ps();
+            transpose16(r); /* r[i]: the pairs (2i, 2i + 1) of the 16 keys */
+            for (int i = 0; i < 16; i++)
+                _mm512_store_si512(kt + ch * 512 + i * 32, _mm512_castps_si512(r[i]));
+        }
     }
 }
 
-/* S = Q K^T for keys 0 .. bkp of the block, 32 keys (two B tiles) at a time.
- * Tile registers, all 16 rows x 64 bytes (amx_configure_full_tiles): C is
- * 16 x 16 fp32, A 16 x 32 bf16, B 16 pair-rows x 16 columns x 2 bf16;
- * tmm0-3 accumulate, tmm4-5 hold A, tmm6-7 hold B (both products). */
-static void scores(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb, int bkp)
+/* The same keys of V into tile row j0/32 of every head-dim group: row r
+ * of a tile interleaves keys 2r and 2r + 1 over its 16 head dims. */
+static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *const rows[32], int n,
+                     int64_t j0)
 {
-    const int64_t Dp = jb->Dp, kchunks = Dp / 32;
-    for (int g = 0; g < bkp / 16; g += 2) {
+    const int64_t D = jb->c->desc.D, ng = jb->Dp / 16;
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    uint16_t *vt = sl->v + (j0 / 32) * ng * 512;
+    for (int64_t g = 0; g < ng; g += 2) {
+        const int64_t d = g * 16;
+        for (int r = 0; r < 16; r++) {
+            const __m512i a = 2 * r < n ? load32(rows[2 * r] + d, D - d) : _mm512_setzero_si512();
+            const __m512i b =
+                2 * r + 1 < n ? load32(rows[2 * r + 1] + d, D - d) : _mm512_setzero_si512();
+            _mm512_store_si512(vt + g * 512 + r * 32, _mm512_permutex2var_epi16(a, lo, b));
+            _mm512_store_si512(vt + (g + 1) * 512 + r * 32, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* Packing task: 512 keys of one slot of the group. */
+static void pack_task(void *arg, int64_t task, int worker)
+{
+    const amx_job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const int64_t chunks = (jb->kp + PACK_KEYS - 1) / PACK_KEYS;
+    const amx_slot *sl = &jb->slots[task / chunks];
+    const int64_t bh = jb->bh0 + task / chunks, b = bh / c->desc.Hkv, hk = bh % c->desc.Hkv;
+    const int64_t D = c->desc.D, Dp = jb->Dp;
+    const int64_t end = sl->nk < (task % chunks + 1) * PACK_KEYS ? sl->nk
+                                                                  : (task % chunks + 1) * PACK_KEYS;
+    uint16_t *stage = jb->ws[worker].stage;
+    for (int64_t j0 = task % chunks * PACK_KEYS; j0 < end; j0 += 32) {
+        const int n = (int)(end - j0 < 32 ? end - j0 : 32);
+        const uint16_t *rows[32];
+        for (int i = 0; i < n; i++)
+            rows[i] = kv_row(c->k, b, flash_key(sl->kidx, j0 + i), hk, D, stage + i * Dp);
+        pack_k32(jb, sl, rows, n, j0);
+        for (int i = 0; i < n; i++)
+            rows[i] = kv_row(c->v, b, flash_key(sl->kidx, j0 + i), hk, D, stage + i * Dp);
+        pack_v32(jb, sl, rows, n, j0);
+    }
+}
+
+/* ---- one query block against one key block */
+
+/* Q rows i0 .. i0 + rows of the task's row space into A-tile rows (the
+ * rest zero), negated when the scale is; m = -inf, l = 0. */
+static void load_q(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
+                   const flash_task *tk, int64_t i0, int rows)
+{
+    const sdpa_tensor *q = jb->c->q;
+    const int64_t D = jb->c->desc.D, Dp = jb->Dp;
+    const __m512i sign = _mm512_set1_epi16((short)jb->qsign);
+    for (int r = 0; r < BQ; r++) {
+        uint16_t *dst = qb->q + r * Dp;
+        if (r >= rows) {
+            memset(dst, 0, sizeof *dst * (size_t)Dp);
+            continue;
+        }
+        int64_t h, i;
+        flash_row(tk, i0 + r, &h, &i);
+        const uint16_t *src = row_bf16(sdpa__elem(q, sdpa__offset(q, tk->b, i, h, 0)), q->dtype,
+                                       q->stride[3], D, w->stage);
+        for (int64_t d = 0; d < Dp; d += 32)
+            _mm512_store_si512(dst + d, _mm512_xor_si512(load32(src + d, D - d), sign));
+    }
+    for (int r = 0; r < BQ; r++) {
+        qb->m[r] = -INFINITY;
+        _mm512_store_ps(qb->l + 16 * r, _mm512_setzero_ps());
+    }
+    qb->o_live = 0;
+}
+
+/* S = Q K^T for the packed keys p0 .. p0 + bkp, 32 keys at a time.
+ * Tiles (all 16 rows x 64 bytes): tmm0-3 sum C, tmm4-5 hold A, tmm6-7 B. */
+static void scores(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb,
+                   const amx_slot *sl, int64_t p0, int bkp)
+{
+    const int64_t Dp = jb->Dp, nch = Dp / 32, ld = jb->kb * 4;
+    const uint16_t *k = sl->k + (p0 / 16) * nch * 512;
+    for (int g = 0; g < bkp / 32; g++) {
         TILE_ZERO(0);
         TILE_ZERO(1);
         TILE_ZERO(2);
         TILE_ZERO(3);
-        for (int64_t ch = 0; ch < kchunks; ch++) {
+        for (int64_t ch = 0; ch < nch; ch++) {
             TILE_LOAD(4, qb->q + ch * 32, Dp * 2);
             TILE_LOAD(5, qb->q + 16 * Dp + ch * 32, Dp * 2);
-            TILE_LOAD(6, w->k + (g * kchunks + ch) * 512, 64);
-            TILE_LOAD(7, w->k + ((g + 1) * kchunks + ch) * 512, 64);
+            TILE_LOAD(6, k + (2 * g * nch + ch) * 512, 64);
+            TILE_LOAD(7, k + ((2 * g + 1) * nch + ch) * 512, 64);
             TILE_DPBF16PS(0, 4, 6);
             TILE_DPBF16PS(1, 4, 7);
             TILE_DPBF16PS(2, 5, 6);
             TILE_DPBF16PS(3, 5, 7);
         }
-        float *s = w->s + g * 16;
-        TILE_STORE(0, s, BK * 4);
-        TILE_STORE(1, s + 16, BK * 4);
-        TILE_STORE(2, s + 16 * BK, BK * 4);
-        TILE_STORE(3, s + 16 * BK + 16, BK * 4);
+        float *s = w->s + g * 32;
+        TILE_STORE(0, s, ld);
+        TILE_STORE(1, s + 16, ld);
+        TILE_STORE(2, s + 16 * jb->kb, ld);
+        TILE_STORE(3, s + 16 * jb->kb + 16, ld);
     }
 }
 
-/* O = O + P V for the keys 0 .. bkp of the block (O already rescaled). */
-static void accumulate(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb, int bkp)
+/* O (+)= P V for the packed keys p0 .. p0 + bkp: O as C tiles, 32 head
+ * dims at a time; the first block of a query block starts from zero. */
+static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
+                   int64_t p0, int bkp)
 {
-    const int64_t Dp = jb->Dp, vgroups = Dp / 16;
-    for (int64_t g = 0; g < vgroups; g += 2) {
+    const int64_t Dp = jb->Dp, ng = Dp / 16, ld = jb->kb * 2;
+    const uint16_t *v = sl->v + (p0 / 32) * ng * 512;
+    for (int64_t g = 0; g < ng; g += 2) {
         float *o = qb->o + g * 16;
-        TILE_LOAD(0, o, Dp * 4);
-        TILE_LOAD(1, o + 16, Dp * 4);
-        TILE_LOAD(2, o + 16 * Dp, Dp * 4);
-        TILE_LOAD(3, o + 16 * Dp + 16, Dp * 4);
+        if (qb->o_live) {
+            TILE_LOAD(0, o, Dp * 4);
+            TILE_LOAD(1, o + 16, Dp * 4);
+            TILE_LOAD(2, o + 16 * Dp, Dp * 4);
+            TILE_LOAD(3, o + 16 * Dp + 16, Dp * 4);
+        } else {
+            TILE_ZERO(0);
+            TILE_ZERO(1);
+            TILE_ZERO(2);
+            TILE_ZERO(3);
+        }
         for (int ch = 0; ch < bkp / 32; ch++) {
-            TILE_LOAD(4, w->p + ch * 32, BK * 2);
-            TILE_LOAD(5, w->p + 16 * BK + ch * 32, BK * 2);
-            TILE_LOAD(6, w->v + (ch * vgroups + g) * 512, 64);
-            TILE_LOAD(7, w->v + (ch * vgroups + g + 1) * 512, 64);
+            TILE_LOAD(4, w->p + ch * 32, ld);
+            TILE_LOAD(5, w->p + 16 * jb->kb + ch * 32, ld);
+            TILE_LOAD(6, v + (ch * ng + g) * 512, 64);
+            TILE_LOAD(7, v + (ch * ng + g + 1) * 512, 64);
             TILE_DPBF16PS(0, 4, 6);
             TILE_DPBF16PS(1, 4, 7);
             TILE_DPBF16PS(2, 5, 6);
@@ -190,224 +360,395 @@ static void accumulate(const amx_job *jb, const amx_workspace *w, const amx_qblo
         TILE_STORE(2, o + 16 * Dp, Dp * 4);
         TILE_STORE(3, o + 16 * Dp + 16, Dp * 4);
     }
+    qb->o_live = 1;
 }
 
-/* 2^x for x <= 0: 2^n * p(f), f = x - round(x), p of degree 3 (relative
- * error 7.5e-5). x <= -160 gives exactly 0, so -inf (masked) adds nothing. */
-static inline __m512 exp2_bf16_accurate(__m512 x)
+/* 2^x: VREDUCEPS gives f = x - floor(x) in [0, 1), a degree-3 polynomial
+ * 2^f (relative error 7.5e-5, below bf16's 2^-9), VSCALEFPS multiplies by
+ * 2^floor(x). -inf gives exactly 0 (f = 0, scaled by 2^-inf), NaN stays
+ * NaN, x below -150 underflows to 0. */
+static inline __m512 exp2_poly3(__m512 x)
 {
-    x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x); /* x second: NaN stays NaN */
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(0.0551716648f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.242611125f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693260968f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999928057f));
-    return _mm512_scalef_ps(p, n);
+    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(0.078024447f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.22606799f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695832849f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999925315f));
+    return _mm512_scalef_ps(p, x);
+}
+
+/* Lanes of the v-th vector of a row below `limit`. */
+static inline __mmask16 lanes_below(int v, int limit)
+{
+    const int n = limit - 16 * v;
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+/* 2^(c s - m) over 32 scores at a time, the lanes at or past `limit` zero
+ * (the caller's masks), into P as bf16; returns the row's sum, of P as
+ * rounded (VDPBF16PS against ones), so that the output is a convex
+ * combination of V's rows whatever the rounding: a softmax with one
+ * winner gives its V row exactly. `exact`: c s is rounded before m is
+ * subtracted (a huge m, where the FMA's unrounded product would leave a
+ * residue of up to 2^-24 |m|). */
+static inline __attribute__((always_inline)) __m512
+exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int exact)
+{
+    const __m512 cv = _mm512_set1_ps(c), nm = _mm512_set1_ps(-m);
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
+    __m512 sum = _mm512_setzero_ps();
+    const int full = limit == 16 * nv;
+    /* the explicitly rounded multiply: GCC would fuse a plain one with the
+     * add (-ffp-contract=fast), which is the residue this path avoids */
+#define SCALED(x) _mm512_mul_round_ps((x), cv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+    for (int v = 0; v < nv; v += 2) {
+        const __m512 s0 = _mm512_load_ps(s + 16 * v), s1 = _mm512_load_ps(s + 16 * v + 16);
+        __m512 e0 = exp2_poly3(exact ? _mm512_add_ps(SCALED(s0), nm) : _mm512_fmadd_ps(s0, cv, nm));
+        __m512 e1 = exp2_poly3(exact ? _mm512_add_ps(SCALED(s1), nm) : _mm512_fmadd_ps(s1, cv, nm));
+        if (!full) {
+            e0 = _mm512_maskz_mov_ps(lanes_below(v, limit), e0);
+            e1 = _mm512_maskz_mov_ps(lanes_below(v + 1, limit), e1);
+        }
+        const __m512bh pb = _mm512_cvtne2ps_pbh(e1, e0);
+        sum = _mm512_dpbf16_ps(sum, pb, ones);
+        _mm512_store_si512(p + 16 * v, (__m512i)pb);
+    }
+#undef SCALED
+    return sum;
 }
 
 /*
- * The general mask (sdpa.h) on row r's scores s[0..bk), in log2 units of
- * scaled scores: a hidden key gets -inf, an additive entry is added times
- * log2(e). kidx lists the block's key numbers (NULL: j0 + j).
+ * Row r of the block: scores s[0 .. limit) are the keys it sees (the rest
+ * of the nv vectors give P = 0). Raises m (lazily, see the top) and
+ * rescales O's row and l when it does, then writes P and adds its sum.
  */
-static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i,
-                             const int64_t *kidx, int64_t j0, float *s, int bk)
+static inline __attribute__((always_inline)) void softmax_row(const float *s, uint16_t *p, int nv,
+                                                              int limit, float c, amx_qblock *qb,
+                                                              int r, int64_t Dp)
 {
-    for (int j = 0; j < bk; j++) {
-        const int64_t at = sdpa__mask_at(mk, b, h, i, kidx ? kidx[j] : j0 + j);
+    if (limit <= 0) { /* sees none of these keys: nothing to add */
+        for (int v = 0; v < nv; v += 2)
+            _mm512_store_si512(p + 16 * v, _mm512_setzero_si512());
+        return;
+    }
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int v = 0;
+    for (; 16 * v + 16 <= limit; v++)
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+    if (16 * v < limit)
+        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
+    mx = _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    float m = qb->m[r];
+    if (m == -INFINITY || _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + TAU), _CMP_GT_OQ)) {
+        const float top = _mm512_reduce_max_ps(mx);
+        if (top > m) { /* NaN scores leave m: their P is NaN whatever m is */
+            if (qb->o_live) {
+                const __m512 alpha = _mm512_set1_ps(exp2f(m - top)); /* m = -inf: 0 */
+                float *o = qb->o + r * Dp;
+                for (int64_t d = 0; d < Dp; d += 16)
+                    _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), alpha));
+                _mm512_store_ps(qb->l + 16 * r, _mm512_mul_ps(_mm512_load_ps(qb->l + 16 * r), alpha));
+            }
+            qb->m[r] = m = top;
+        }
+    }
+    /* A row whose scores so far are all -inf keeps m = -inf; subtracting
+     * 0 instead keeps 2^-inf = 0 rather than NaN. */
+    const float mu = m == -INFINITY ? 0.0f : m;
+    const __m512 sum = fabsf(mu) < 0x1p20f ? exp_row(s, p, nv, limit, c, mu, 0)
+                                           : exp_row(s, p, nv, limit, c, mu, 1);
+    _mm512_store_ps(qb->l + 16 * r, _mm512_add_ps(_mm512_load_ps(qb->l + 16 * r), sum));
+}
+
+/* Where a block sits, for its masks. */
+typedef struct amx_block {
+    const flash_task *tk;
+    int64_t i0;          /* first row of the query block in the row space */
+    int rows;            /* real rows of the query block                  */
+    int64_t p0;          /* first packed key of the key block             */
+    int bk, bkp;         /* keys in the block, and rounded up to 32       */
+    const int64_t *kidx; /* key numbers under a key mask, else NULL       */
+    int causal;          /* causal cuts through this block                */
+} amx_block;
+
+/* The general mask (sdpa.h) on row i of (b, h): s = c s + mask in log2
+ * units, -inf for hidden keys. */
+static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t i,
+                             const int64_t *kidx, int64_t p0, float *s, int n, float c)
+{
+    for (int j = 0; j < n; j++) {
+        const int64_t at = sdpa__mask_at(mk, b, h, i, flash_key(kidx, p0 + j));
         if (mk->general_type == SDPA_MASK_BOOL) {
-            if (!((const uint8_t *)mk->general)[at])
-                s[j] = -INFINITY;
+            s[j] = ((const uint8_t *)mk->general)[at] ? s[j] * c : -INFINITY;
         } else {
             const float add = sdpa__load_f32(mk->general, mk->general_dtype, at);
-            s[j] = add == -INFINITY ? -INFINITY : s[j] + add * LOG2E;
+            s[j] = add == -INFINITY ? -INFINITY : s[j] * c + add * LOG2E;
         }
     }
 }
 
-/* Where a block sits, for the masks: batch, head, first query, its real
- * rows (the rest are past Sq) and the key numbers of its columns (kidx, or
- * j0 + j when NULL). */
-typedef struct amx_block_at {
-    int64_t b, h, i0, j0;
-    int rows;
-    const int64_t *kidx;
-    int causal;
-    int64_t offset;
-} amx_block_at;
-
-/*
- * Online softmax over the block's scores: masks keys past bk, the causal
- * triangle and the general mask, updates m and l, writes P as bf16 and
- * rescales O. Key j of the block is masked for query row r when j >= bk or
- * its key number exceeds i0 + r + offset (causal only).
- */
-static void softmax(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb, int bk,
-                    int bkp, const amx_block_at *at)
+static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
+                    const amx_block *at)
 {
-    const int64_t i0 = at->i0, j0 = at->j0, offset = at->offset;
-    const int causal = at->causal;
+    const flash_task *tk = at->tk;
     const sdpa_mask *mk = jb->c->mask && jb->c->mask->general ? jb->c->mask : NULL;
-    int64_t seen = 0; /* with kidx: keys of the block visible to row r (ascending in r) */
-    const int64_t Dp = jb->Dp;
-    const __m512 sc = _mm512_set1_ps(jb->scale_log2);
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const int nv = at->bkp / 16;
+    const int64_t kb = jb->kb, Dp = jb->Dp;
+    if (!at->causal && !mk) {
+        for (int r = 0; r < BQ; r++)
+            softmax_row(w->s + r * kb, w->p + r * kb, nv, at->bk, jb->c_log2, qb, r, Dp);
+        return;
+    }
+    int64_t seen = 0; /* with kidx: the keys of the block row r sees (ascending in r) */
     for (int r = 0; r < BQ; r++) {
-        float *s = w->s + r * BK;
-        /* keys visible to this row: j < limit */
-        int64_t limit = bk;
-        if (causal && at->kidx) {
-            while (seen < bk && at->kidx[seen] <= i0 + r + offset)
-                seen++;
-            limit = seen;
-        } else if (causal) {
-            const int64_t last = i0 + r + offset - j0; /* last visible key, block-relative */
-            limit = last + 1 < limit ? (last + 1 < 0 ? 0 : last + 1) : limit;
+        float *s = w->s + r * kb;
+        int limit = at->bk;
+        if (at->causal) {
+            const int64_t last = at->i0 + r + tk->offset; /* the last key number it sees */
+            if (at->kidx) {
+                while (seen < at->bk && at->kidx[at->p0 + seen] <= last)
+                    seen++;
+                limit = (int)seen;
+            } else {
+                const int64_t n = last - at->p0 + 1;
+                limit = n < 0 ? 0 : n < at->bk ? (int)n : at->bk;
+            }
         }
-        __m512 mx = ninf;
-        for (int j = 0; j < bkp; j += 16) {
-            const __mmask16 keep =
-                _mm512_cmplt_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(j)),
-                                        _mm512_set1_epi32((int)limit));
-            const __m512 t = _mm512_mask_mul_ps(ninf, keep, _mm512_loadu_ps(s + j), sc);
-            _mm512_storeu_ps(s + j, t);
-            mx = _mm512_max_ps(mx, t);
+        float c = jb->c_log2;
+        if (mk && r < at->rows && limit > 0) {
+            int64_t h, i;
+            flash_row(tk, at->i0 + r, &h, &i);
+            mask_general_row(mk, tk->b, h, i, at->kidx, at->p0, s, limit, c);
+            c = 1.0f;
         }
-        if (mk && limit > 0 && r < at->rows) { /* only calls with a general mask */
-            mask_general_row(mk, at->b, at->h, i0 + r, at->kidx, j0, s, (int)limit);
-            mx = ninf;
-            for (int j = 0; j < bkp; j += 16)
-                mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
-        }
-        const float m_old = qb->m[r];
-        float m_new = _mm512_reduce_max_ps(mx);
-        m_new = m_new > m_old ? m_new : m_old;
-        /* A row that has seen no key yet keeps m = -inf; subtracting 0
-         * instead keeps 2^(-inf) = 0 rather than NaN. */
-        const float mu = m_new == -INFINITY ? 0.0f : m_new;
-        const __m512 mv = _mm512_set1_ps(mu);
-        __m512 sum = _mm512_setzero_ps();
-        uint16_t *p = w->p + r * BK;
-        for (int j = 0; j < bkp; j += 32) {
-            const __m512 e0 = exp2_bf16_accurate(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
-            const __m512 e1 = exp2_bf16_accurate(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), mv));
-            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-            const __m512bh pb = _mm512_cvtne2ps_pbh(e1, e0); /* e0 in the low half */
-            _mm512_storeu_si512(p + j, (__m512i)pb);
-        }
-        const float alpha = exp2f(m_old - mu); /* m_old = -inf: 0 */
-        qb->l[r] = qb->l[r] * alpha + _mm512_reduce_add_ps(sum);
-        qb->m[r] = m_new;
-        if (alpha != 1.0f) {
-            float *o = qb->o + r * Dp;
-            const __m512 av = _mm512_set1_ps(alpha);
-            for (int64_t d = 0; d < Dp; d += 16)
-                _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), av));
-        }
+        softmax_row(s, w->p + r * kb, nv, limit, c, qb, r, Dp);
     }
 }
 
-/* Rows at or past len_q are padding (sdpa.h): zeros and LSE -inf, l = 0. */
-static void store_out(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb,
-                      int64_t b, int64_t h, int64_t i0, int rows, int64_t len_q)
+/* out[b, i, h, :] = o * mul for a unit-stride row: f32, bf16 (round to
+ * nearest even as sdpa__f32_to_bf16, NaN kept quiet) or f16 (VCVTPS2PH). */
+static void store_row_unit(void *dst, sdpa_dtype t, const float *o, int64_t D, float mul)
 {
-    const int64_t Dp = jb->Dp;
-    for (int r = 0; r < rows; r++) {
-        memcpy(w->frow, qb->o + r * Dp, sizeof(float) * (size_t)jb->c->desc.D);
-        /* m is in log2 units of scaled scores; LSE wants natural units */
-        sdpa__store_result(jb->c, b, i0 + r, h, w->frow, qb->m[r] / LOG2E,
-                           i0 + r < len_q ? qb->l[r] : 0.0f, 0);
+    const __m512 mv = _mm512_set1_ps(mul);
+    for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 k = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1);
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, o + d), mv);
+        if (t == SDPA_F32) {
+            _mm512_mask_storeu_ps((float *)dst + d, k, x);
+        } else if (t == SDPA_BF16) {
+            const __m512i u = _mm512_castps_si512(x);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+            __m512i r = _mm512_srli_epi32(
+                _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+            const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+            _mm256_mask_storeu_epi16((uint16_t *)dst + d, k, _mm512_cvtepi32_epi16(r));
+        } else {
+            _mm256_mask_storeu_epi16((uint16_t *)dst + d, k,
+                                     _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+        }
     }
 }
 
+/* Rows i0 .. i0 + rows of O / l to the output, LSE in natural units; rows
+ * at or past len_q are padding (sdpa.h): zeros and LSE -inf. */
+static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task *tk, int64_t i0,
+                      int rows)
+{
+    const sdpa_call *c = jb->c;
+    const sdpa_tensor *out = c->out;
+    for (int r = 0; r < rows; r++) {
+        int64_t h, i;
+        flash_row(tk, i0 + r, &h, &i);
+        const float l = i < tk->len_q ? _mm512_reduce_add_ps(_mm512_load_ps(qb->l + 16 * r)) : 0.0f;
+        const float m = qb->m[r] / LOG2E, mul = sdpa__result_mul(l, 0);
+        if (out->stride[3] == 1 && mul != 0.0f && mul == mul) {
+            store_row_unit((char *)out->data + sdpa__offset(out, tk->b, i, h, 0) *
+                                                   (int64_t)sdpa_dtype_size(out->dtype),
+                           out->dtype, qb->o + r * jb->Dp, c->desc.D, mul);
+            sdpa__store_lse(c, tk->b, i, h, m, l);
+        } else { /* zeros, NaN rows, strided outputs */
+            sdpa__store_result(c, tk->b, i, h, qb->o + r * jb->Dp, m, l, 0);
+        }
+    }
+}
+
+/* Query block qb (rows i0..) against the key block of packed keys p0.. */
+static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
+                  const flash_task *tk, int64_t i0, int64_t p0, int bk)
+{
+    const int rows = flash_block_rows(jb->split.rows, i0, BQ);
+    const int64_t k_first = flash_key(sl->kidx, p0), k_last = flash_key(sl->kidx, p0 + bk - 1);
+    if (tk->causal && k_first > i0 + rows - 1 + tk->offset)
+        return; /* this query block sees none of these keys */
+    const amx_block at = {tk, i0, rows, p0, bk, (bk + 31) / 32 * 32, sl->kidx,
+                          tk->causal && k_last > i0 + tk->offset};
+    scores(jb, w, qb, sl, p0, at.bkp);
+    softmax(jb, w, qb, &at);
+    values(jb, w, qb, sl, p0, at.bkp);
+}
+
+/* Product task: a group of query blocks of one row space of the packing
+ * group (task numbers local to the group). */
 static void amx_task(void *arg, int64_t task, int worker)
 {
     const amx_job *jb = arg;
-    const sdpa_call_desc *d = &jb->c->desc;
+    const sdpa_call *c = jb->c;
+    const sdpa_call_desc *d = &c->desc;
     const amx_workspace *w = &jb->ws[worker];
-    const flash_task tk = flash_task_make(jb->c, &jb->split, BQ, task);
-    amx_configure_full_tiles();
-    for (int q = 0; q < tk.nqb; q++) {
-        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        load_q(jb, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d->Sq, i0, BQ));
+    const int64_t tph = jb->split.tasks_per_head, per_slot = jb->spaces_per_slot * tph;
+    const int64_t slot = task / per_slot, rest = task % per_slot;
+    const int64_t bh = jb->bh0 + slot, b = bh / d->Hkv, hk = bh % d->Hkv;
+    const int64_t spaces = d->Hq / jb->split.group; /* row spaces per batch entry */
+    const int64_t space = jb->split.group > 1 ? hk : hk * (d->Hq / d->Hkv) + rest / tph;
+    const flash_task tk = flash_task_make(c, &jb->split, BQ, (b * spaces + space) * tph + rest % tph);
+    const amx_slot *sl = &jb->slots[slot];
+    /* the packed keys the task reads: those before kv_end (causal bound) */
+    int64_t nk = sl->nk;
+    if (sl->kidx) {
+        int64_t lo = 0, hi = nk; /* first packed key at or past kv_end */
+        while (lo < hi) {
+            const int64_t mid = (lo + hi) / 2;
+            if (sl->kidx[mid] < tk.kv_end)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        nk = lo;
+    } else if (nk > tk.kv_end) {
+        nk = tk.kv_end;
     }
-    /* Masks as in flash_tiled.h: lengths bound the task, a key mask is
-     * gathered (keys[p] is the p-th key read), a general mask is read in
-     * the softmax, padding rows are stored as zeros. */
-    const int64_t nk = flash_task_keys(jb->c, &tk, w->keys);
-    const int64_t *keys = jb->c->mask && jb->c->mask->key ? w->keys : NULL;
-    for (int64_t p0 = 0; p0 < nk; p0 += BK) {
-        const int bk = (int)(nk - p0 < BK ? nk - p0 : BK);
-        const int bkp = (bk + 31) / 32 * 32;
-        pack_kv(jb, w, tk.b, tk.hk, keys, p0, bk, bkp);
+    amx_tiles_take();
+    if (jb->is_short) { /* every key in one block: one query block at a time */
+        amx_qblock *qb = &w->qb[0];
         for (int q = 0; q < tk.nqb; q++) {
-            const amx_qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-            if (tk.causal && flash_key(keys, p0) > i0 + BQ - 1 + tk.offset)
-                continue; /* this query block sees none of these keys */
-            const amx_block_at at = {tk.b,          tk.h,      i0,       p0,
-                                     flash_block_rows(d->Sq, i0, BQ), keys ? keys + p0 : NULL,
-                                     tk.causal,     tk.offset};
-            scores(jb, w, qb, bkp);
-            softmax(jb, w, qb, bk, bkp, &at);
-            accumulate(jb, w, qb, bkp);
+            const int rows = flash_block_rows(jb->split.rows, i0, BQ);
+            load_q(jb, w, qb, &tk, i0, rows);
+            if (q + 1 < tk.nqb) /* the next block's Q during this block's products */
+                flash_prefetch_rows(c->q, &tk, i0 + BQ, flash_block_rows(jb->split.rows, i0 + BQ, BQ),
+                              d->D, 0);
+            flash_prefetch_rows(c->out, &tk, i0, rows, d->D, 1);
+            if (nk > 0)
+                block(jb, w, qb, sl, &tk, i0, 0, (int)nk);
+            store_out(jb, qb, &tk, i0, rows);
+        }
+    } else { /* query blocks resident, key blocks streaming past once */
+        for (int q = 0; q < tk.nqb; q++) {
+            const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+            load_q(jb, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
+        }
+        for (int64_t p0 = 0; p0 < nk; p0 += jb->kb) {
+            const int bk = (int)(nk - p0 < jb->kb ? nk - p0 : jb->kb);
+            for (int q = 0; q < tk.nqb; q++)
+                block(jb, w, &w->qb[q], sl, &tk, tk.i_first + (int64_t)q * BQ, p0, bk);
+        }
+        for (int q = 0; q < tk.nqb; q++) {
+            const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+            store_out(jb, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
         }
     }
-    TILE_RELEASE();
-    for (int q = 0; q < tk.nqb; q++) {
-        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        store_out(jb, w, &w->qb[q], tk.b, tk.h, i0, flash_block_rows(d->Sq, i0, BQ), tk.len_q);
-    }
+    if (!amx_tiles_owned)
+        amx_tiles_drop();
 }
+
+/* The packed keys of slot s (KV row bh): below len_kv, under a key mask
+ * only the visible ones (their numbers in kidx). */
+static void slot_keys(const sdpa_call *c, amx_slot *sl, int64_t bh)
+{
+    const int64_t b = bh / c->desc.Hkv;
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
+    sl->nk = len_kv;
+    if (!sl->kidx)
+        return;
+    const sdpa_mask *mk = c->mask;
+    const uint8_t *key = mk->key + b * mk->key_stride[0];
+    int64_t n = 0;
+    for (int64_t j = 0; j < len_kv; j++)
+        if (key[j * mk->key_stride[1]])
+            sl->kidx[n++] = j;
+    sl->nk = n;
+}
+
+#define R64(x) (((size_t)(x) + 63) / 64 * 64)
 
 static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
 {
-    (void)self;
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
-    amx_job jb = {c, (d->D + 31) / 32 * 32, flash_split_make(d, BQ, threads, 0, 4, 4), NULL,
-                  (float)(c->scale * LOG2E)};
-    const int64_t Dp = jb.Dp, heads = d->B * d->Hq;
-    /* bytes per thread, each piece rounded to 64 for aligned tile rows */
-#define R64(x) (((size_t)(x) + 63) / 64 * 64)
-    const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dp * 4) + 2 * R64(BQ * 4);
-    const size_t per = per_qb * (size_t)jb.split.qb_per_task + R64(BQ * BK * 4) + R64(BQ * BK * 2) +
-                       2 * R64(BK * Dp * 2) + R64(Dp * 2) + R64(Dp * 4) +
-                       (c->mask && c->mask->key ? R64(d->Skv * 8) : 0);
-    /* tiles, then the per-thread descriptors, in the thread's scratch */
-    const size_t tiles = per * (size_t)threads, descs = R64((size_t)threads * sizeof *jb.ws);
-    const size_t n_qbs = (size_t)threads * (size_t)jb.split.qb_per_task;
-    char *mem = sdpa__scratch(tiles + descs + n_qbs * sizeof(amx_qblock));
+    amx_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.c = c;
+    jb.Dp = (d->D + 31) / 32 * 32;
+    jb.kp = (d->Skv + 31) / 32 * 32;
+    jb.is_short = d->Skv <= SHORT_KEYS;
+    jb.kb = jb.is_short ? jb.kp : BK_LONG;
+    jb.split = flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ), jb.is_short ? 16 : 4,
+                                jb.is_short ? 2 : 4);
+    jb.spaces_per_slot = jb.split.group > 1 ? 1 : d->Hq / d->Hkv;
+    jb.c_log2 = (float)(fabs(c->scale) * LOG2E);
+    jb.qsign = c->scale < 0 ? 0x8000 : 0;
+    const int64_t Dp = jb.Dp, kb = jb.kb, kv_rows = d->B * d->Hkv;
+    const int key_mask = c->mask && c->mask->key;
+    /* per thread: resident query blocks, S, P, a stage of 32 rows */
+    const int resident = jb.is_short ? 1 : jb.split.qb_per_task;
+    const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dp * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
+    const size_t per_thread = per_qb * (size_t)resident + R64(BQ * kb * 4) + R64(BQ * kb * 2) +
+                              R64(32 * Dp * 2);
+    /* per slot: packed K and V, the visible keys under a key mask */
+    const size_t per_slot = 2 * R64(jb.kp * Dp * 2) + (key_mask ? R64(d->Skv * 8) : 0);
+    int64_t group = (int64_t)(PACK_BUDGET / per_slot);
+    group = group < 1 ? 1 : group > kv_rows ? kv_rows : group;
+    const size_t descs = R64((size_t)threads * sizeof(amx_workspace)) +
+                         R64((size_t)threads * (size_t)resident * sizeof(amx_qblock)) +
+                         R64((size_t)group * sizeof(amx_slot));
+    const size_t bytes = per_thread * (size_t)threads + per_slot * (size_t)group + descs;
+    char *mem = sdpa__scratch(bytes);
     if (!mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
-                          self->name, tiles + descs + n_qbs * sizeof(amx_qblock));
-    jb.ws = (amx_workspace *)(mem + tiles);
-    amx_qblock *qbs = (amx_qblock *)(mem + tiles + descs);
+                          self->name, bytes);
+    char *p = mem;
+    jb.ws = (amx_workspace *)p, p += R64((size_t)threads * sizeof(amx_workspace));
+    amx_qblock *qbs = (amx_qblock *)p;
+    p += R64((size_t)threads * (size_t)resident * sizeof(amx_qblock));
+    jb.slots = (amx_slot *)p, p += R64((size_t)group * sizeof(amx_slot));
     for (int t = 0; t < threads; t++) {
-        char *p = mem + per * (size_t)t;
         amx_workspace *w = &jb.ws[t];
-        w->qb = qbs + (size_t)t * (size_t)jb.split.qb_per_task;
-        for (int q = 0; q < jb.split.qb_per_task; q++) {
+        w->qb = qbs + (size_t)t * (size_t)resident;
+        for (int q = 0; q < resident; q++) {
             w->qb[q].q = (uint16_t *)p, p += R64(BQ * Dp * 2);
             w->qb[q].o = (float *)p, p += R64(BQ * Dp * 4);
             w->qb[q].m = (float *)p, p += R64(BQ * 4);
-            w->qb[q].l = (float *)p, p += R64(BQ * 4);
+            w->qb[q].l = (float *)p, p += R64(BQ * 16 * 4);
         }
-        w->s = (float *)p, p += R64(BQ * BK * 4);
-        w->p = (uint16_t *)p, p += R64(BQ * BK * 2);
-        w->k = (uint16_t *)p, p += R64(BK * Dp * 2);
-        w->v = (uint16_t *)p, p += R64(BK * Dp * 2);
-        w->row = (uint16_t *)p, p += R64(Dp * 2);
-        w->frow = (float *)p, p += R64(Dp * 4);
-        w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
+        w->s = (float *)p, p += R64(BQ * kb * 4);
+#ifdef SDPA_AMX_NO_TILES
+        memset(w->s, 0, sizeof(float) * (size_t)(BQ * kb)); /* never written by tiles here */
+#endif
+        w->p = (uint16_t *)p, p += R64(BQ * kb * 2);
+        w->stage = (uint16_t *)p, p += R64(32 * Dp * 2);
     }
-#undef R64
-    sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, amx_task, &jb);
+    for (int64_t s = 0; s < group; s++) {
+        amx_slot *sl = &jb.slots[s];
+        sl->k = (uint16_t *)p, p += R64(jb.kp * Dp * 2);
+        sl->v = (uint16_t *)p, p += R64(jb.kp * Dp * 2);
+        sl->kidx = key_mask ? (int64_t *)p : NULL, p += key_mask ? R64(d->Skv * 8) : 0;
+    }
+    const int64_t chunks = (jb.kp + PACK_KEYS - 1) / PACK_KEYS;
+    for (jb.bh0 = 0; jb.bh0 < kv_rows; jb.bh0 += group) {
+        jb.nslots = kv_rows - jb.bh0 < group ? kv_rows - jb.bh0 : group;
+        for (int64_t s = 0; s < jb.nslots; s++)
+            slot_keys(c, &jb.slots[s], jb.bh0 + s);
+        sdpa__parallel_for(c->pool, jb.nslots * chunks, pack_task, &jb);
+        sdpa__parallel_for(c->pool, jb.nslots * jb.spaces_per_slot * jb.split.tasks_per_head,
+                           amx_task, &jb);
+    }
+    amx_tiles_drop(); /* the calling thread's; the workers' go when they idle */
     sdpa__scratch_release(mem);
     return SDPA_OK;
 }
+#undef R64
 
 /* The descriptor (backend.c, or the tests' emulated one) reaches the kernel
  * through this. */
@@ -417,7 +758,7 @@ sdpa_status AMX_RUN_SYMBOL(const sdpa_backend *self, const sdpa_call *call)
     return amx_run(self, call);
 }
 
-#ifndef SDPA_AMX_EMULATE
+#if !defined(SDPA_AMX_EMULATE) && !defined(SDPA_AMX_NO_TILES)
 /*
  * The first use on a machine checks one tile product against the scalar
  * definition: the kernel above has been run on emulated tiles by the tests,

@@ -23,6 +23,8 @@ typedef __m512 vec;
 #define V_ADD(a, b) _mm512_add_ps((a), (b))
 #define V_SUB(a, b) _mm512_sub_ps((a), (b))
 #define V_MAX(a, b) _mm512_max_ps((a), (b))
+/* a product the compiler never fuses with a following add */
+#define V_MUL_ROUNDED(a, b) _mm512_mul_round_ps((a), (b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_EXP(x) exp512(x)
 #define V_TRANSPOSE_REGS(r) transpose16(r)
 /* the first n < 16 lanes of p (the rest zero), and into p */
