@@ -9,11 +9,13 @@
  *
  *     S [32][kb]  = Q [32][Dp] . K^T       tiles: C 2 x 2, A = Q rows, B = K
  *     P = 2^(c S - m)  fp32, rounded to bf16 (AVX-512, one pass per row)
- *     O [32][Dp] += P [32][kb] . V         tiles: C = O, A = P rows, B = V
+ *     O [32][Dv] += P [32][kb] . V         tiles: C = O, A = P rows, B = V
  *
  * c = |scale| log2(e): the scale is folded into the exponent (q is negated
  * when the scale is negative, so that c >= 0 and a max stays a max), and m,
- * the running max, is kept in log2 units. Dp is D rounded up to 32; pad
+ * the running max, is kept in log2 units. Dp is D rounded up to 32 (a
+ * product's reduction runs 32 at a time), Dv up to 16 (its output columns
+ * come 16 to a tile: D = 72 computes 80 columns of O, not 96); pad
  * columns of Q and K are zero and add nothing to S, pad keys of a block
  * (its key count rounded up to 32) are masked to P = 0 exactly.
  *
@@ -21,7 +23,7 @@
  * every thread in a phase of their own before the products, into the B
  * tile layouts (VNNI pairs): K as [keys/16][Dp/32] tiles whose row r holds
  * the pairs (d = 2r, 2r+1) of 16 keys, built by a 16 x 16 transpose of
- * 32-bit words; V as [keys/32][Dp/16] tiles whose row r holds, for 16 head
+ * 32-bit words; V as [keys/32][Dv/16] tiles whose row r holds, for 16 head
  * dims, the pair (key 2r, 2r+1), built by one 16-bit interleave (VPERMT2W)
  * per row. Every query block and every grouped-query head that reads that
  * KV head then loads its tiles as they are. Packed K and V take as many
@@ -85,7 +87,7 @@
 
 typedef struct amx_qblock {
     uint16_t *q; /* [BQ][Dp] bf16: A tiles of the first product        */
-    float *o;    /* [BQ][Dp] fp32: C tiles of the second                */
+    float *o;    /* [BQ][Dv] fp32: C tiles of the second                */
     float *m;    /* [BQ] running max, log2 units of scaled scores       */
     float *l;    /* [BQ][16] the softmax denominator, one vector a row  */
     int o_live;  /* o holds sums; else the next product starts at zero  */
@@ -101,7 +103,7 @@ typedef struct amx_workspace {
 /* One (batch, KV head), packed. */
 typedef struct amx_slot {
     uint16_t *k;   /* [kp/16][Dp/32] B tiles of the first product         */
-    uint16_t *v;   /* [kp/32][Dp/16] B tiles of the second                */
+    uint16_t *v;   /* [kp/32][Dv/16] B tiles of the second                */
     int64_t nk;    /* keys packed: those below len_kv (under a key mask,
                     * only the visible ones, in order)                    */
     int64_t *kidx; /* key numbers of the packed keys under a key mask, else NULL */
@@ -109,7 +111,8 @@ typedef struct amx_slot {
 
 typedef struct amx_job {
     const sdpa_call *c;
-    int64_t Dp;              /* D rounded up to 32                          */
+    int64_t Dp;              /* D rounded up to 32: Q and K (reduction)     */
+    int64_t Dv;              /* D rounded up to 16: V and O (output columns) */
     int64_t kb;              /* keys per block (a multiple of 32)           */
     int64_t kp;              /* keys of room per slot: Skv rounded up to 32 */
     int is_short;            /* one block holds every key                   */
@@ -223,7 +226,7 @@ static void pack_k32(const amx_job *jb, const amx_slot *sl, const uint16_t *cons
 static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *const rows[32], int n,
                      int64_t j0)
 {
-    const int64_t D = jb->c->desc.D, ng = jb->Dp / 16;
+    const int64_t D = jb->c->desc.D, ng = jb->Dv / 16;
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
                                         32, 0);
@@ -236,7 +239,9 @@ static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *cons
             const __m512i b =
                 2 * r + 1 < n ? load32(rows[2 * r + 1] + d, D - d) : _mm512_setzero_si512();
             _mm512_store_si512(vt + g * 512 + r * 32, _mm512_permutex2var_epi16(a, lo, b));
-            _mm512_store_si512(vt + (g + 1) * 512 + r * 32, _mm512_permutex2var_epi16(a, hi, b));
+            if (g + 1 < ng)
+                _mm512_store_si512(vt + (g + 1) * 512 + r * 32,
+                                   _mm512_permutex2var_epi16(a, hi, b));
         }
     }
 }
@@ -330,15 +335,16 @@ static void scores(const amx_job *jb, const amx_workspace *w, const amx_qblock *
 static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
                    int64_t p0, int bkp)
 {
-    const int64_t Dp = jb->Dp, ng = Dp / 16, ld = jb->kb * 2;
+    const int64_t Dv = jb->Dv, ng = Dv / 16, ld = jb->kb * 2;
     const uint16_t *v = sl->v + (p0 / 32) * ng * 512;
-    for (int64_t g = 0; g < ng; g += 2) {
+    int64_t g = 0;
+    for (; g + 1 < ng; g += 2) {
         float *o = qb->o + g * 16;
         if (qb->o_live) {
-            TILE_LOAD(0, o, Dp * 4);
-            TILE_LOAD(1, o + 16, Dp * 4);
-            TILE_LOAD(2, o + 16 * Dp, Dp * 4);
-            TILE_LOAD(3, o + 16 * Dp + 16, Dp * 4);
+            TILE_LOAD(0, o, Dv * 4);
+            TILE_LOAD(1, o + 16, Dv * 4);
+            TILE_LOAD(2, o + 16 * Dv, Dv * 4);
+            TILE_LOAD(3, o + 16 * Dv + 16, Dv * 4);
         } else {
             TILE_ZERO(0);
             TILE_ZERO(1);
@@ -355,10 +361,29 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
             TILE_DPBF16PS(2, 5, 6);
             TILE_DPBF16PS(3, 5, 7);
         }
-        TILE_STORE(0, o, Dp * 4);
-        TILE_STORE(1, o + 16, Dp * 4);
-        TILE_STORE(2, o + 16 * Dp, Dp * 4);
-        TILE_STORE(3, o + 16 * Dp + 16, Dp * 4);
+        TILE_STORE(0, o, Dv * 4);
+        TILE_STORE(1, o + 16, Dv * 4);
+        TILE_STORE(2, o + 16 * Dv, Dv * 4);
+        TILE_STORE(3, o + 16 * Dv + 16, Dv * 4);
+    }
+    if (g < ng) { /* an odd last group of 16 head dims (D = 72: 80, not 96) */
+        float *o = qb->o + g * 16;
+        if (qb->o_live) {
+            TILE_LOAD(0, o, Dv * 4);
+            TILE_LOAD(2, o + 16 * Dv, Dv * 4);
+        } else {
+            TILE_ZERO(0);
+            TILE_ZERO(2);
+        }
+        for (int ch = 0; ch < bkp / 32; ch++) {
+            TILE_LOAD(4, w->p + ch * 32, ld);
+            TILE_LOAD(5, w->p + 16 * jb->kb + ch * 32, ld);
+            TILE_LOAD(6, v + (ch * ng + g) * 512, 64);
+            TILE_DPBF16PS(0, 4, 6);
+            TILE_DPBF16PS(2, 5, 6);
+        }
+        TILE_STORE(0, o, Dv * 4);
+        TILE_STORE(2, o + 16 * Dv, Dv * 4);
     }
     qb->o_live = 1;
 }
@@ -424,7 +449,7 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
  */
 static inline __attribute__((always_inline)) void softmax_row(const float *s, uint16_t *p, int nv,
                                                               int limit, float c, amx_qblock *qb,
-                                                              int r, int64_t Dp)
+                                                              int r, int64_t Dv)
 {
     if (limit <= 0) { /* sees none of these keys: nothing to add */
         for (int v = 0; v < nv; v += 2)
@@ -444,8 +469,8 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
         if (top > m) { /* NaN scores leave m: their P is NaN whatever m is */
             if (qb->o_live) {
                 const __m512 alpha = _mm512_set1_ps(exp2f(m - top)); /* m = -inf: 0 */
-                float *o = qb->o + r * Dp;
-                for (int64_t d = 0; d < Dp; d += 16)
+                float *o = qb->o + r * Dv;
+                for (int64_t d = 0; d < Dv; d += 16)
                     _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), alpha));
                 _mm512_store_ps(qb->l + 16 * r, _mm512_mul_ps(_mm512_load_ps(qb->l + 16 * r), alpha));
             }
@@ -493,10 +518,10 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     const flash_task *tk = at->tk;
     const sdpa_mask *mk = jb->c->mask && jb->c->mask->general ? jb->c->mask : NULL;
     const int nv = at->bkp / 16;
-    const int64_t kb = jb->kb, Dp = jb->Dp;
+    const int64_t kb = jb->kb, Dv = jb->Dv;
     if (!at->causal && !mk) {
         for (int r = 0; r < BQ; r++)
-            softmax_row(w->s + r * kb, w->p + r * kb, nv, at->bk, jb->c_log2, qb, r, Dp);
+            softmax_row(w->s + r * kb, w->p + r * kb, nv, at->bk, jb->c_log2, qb, r, Dv);
         return;
     }
     int64_t seen = 0; /* with kidx: the keys of the block row r sees (ascending in r) */
@@ -521,7 +546,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
             mask_general_row(mk, tk->b, h, i, at->kidx, at->p0, s, limit, c);
             c = 1.0f;
         }
-        softmax_row(s, w->p + r * kb, nv, limit, c, qb, r, Dp);
+        softmax_row(s, w->p + r * kb, nv, limit, c, qb, r, Dv);
     }
 }
 
@@ -565,10 +590,10 @@ static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task 
         if (out->stride[3] == 1 && mul != 0.0f && mul == mul) {
             store_row_unit((char *)out->data + sdpa__offset(out, tk->b, i, h, 0) *
                                                    (int64_t)sdpa_dtype_size(out->dtype),
-                           out->dtype, qb->o + r * jb->Dp, c->desc.D, mul);
+                           out->dtype, qb->o + r * jb->Dv, c->desc.D, mul);
             sdpa__store_lse(c, tk->b, i, h, m, l);
         } else { /* zeros, NaN rows, strided outputs */
-            sdpa__store_result(c, tk->b, i, h, qb->o + r * jb->Dp, m, l, 0);
+            sdpa__store_result(c, tk->b, i, h, qb->o + r * jb->Dv, m, l, 0);
         }
     }
 }
@@ -596,12 +621,19 @@ static void amx_task(void *arg, int64_t task, int worker)
     const sdpa_call *c = jb->c;
     const sdpa_call_desc *d = &c->desc;
     const amx_workspace *w = &jb->ws[worker];
-    const int64_t tph = jb->split.tasks_per_head, per_slot = jb->spaces_per_slot * tph;
-    const int64_t slot = task / per_slot, rest = task % per_slot;
+    /* Query groups outermost: consecutive tasks read the same rows of Q
+     * and write the same rows of the output in every head, whose pages
+     * (one head's rows stride Hq D elements) then stay in the TLB and
+     * cache (Wan2.2's 8190 x 512 cross attention: 4.5% faster). */
+    const int64_t across = jb->nslots * jb->spaces_per_slot;
+    const int64_t qg = task / across, sp = task % across;
+    const int64_t slot = sp / jb->spaces_per_slot;
     const int64_t bh = jb->bh0 + slot, b = bh / d->Hkv, hk = bh % d->Hkv;
     const int64_t spaces = d->Hq / jb->split.group; /* row spaces per batch entry */
-    const int64_t space = jb->split.group > 1 ? hk : hk * (d->Hq / d->Hkv) + rest / tph;
-    const flash_task tk = flash_task_make(c, &jb->split, BQ, (b * spaces + space) * tph + rest % tph);
+    const int64_t space =
+        jb->split.group > 1 ? hk : hk * (d->Hq / d->Hkv) + sp % jb->spaces_per_slot;
+    const flash_task tk =
+        flash_task_make(c, &jb->split, BQ, (b * spaces + space) * jb->split.tasks_per_head + qg);
     const amx_slot *sl = &jb->slots[slot];
     /* the packed keys the task reads: those before kv_end (causal bound) */
     int64_t nk = sl->nk;
@@ -681,6 +713,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     memset(&jb, 0, sizeof jb);
     jb.c = c;
     jb.Dp = (d->D + 31) / 32 * 32;
+    jb.Dv = (d->D + 15) / 16 * 16;
     jb.kp = (d->Skv + 31) / 32 * 32;
     jb.is_short = d->Skv <= SHORT_KEYS;
     jb.kb = jb.is_short ? jb.kp : BK_LONG;
@@ -689,15 +722,16 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     jb.spaces_per_slot = jb.split.group > 1 ? 1 : d->Hq / d->Hkv;
     jb.c_log2 = (float)(fabs(c->scale) * LOG2E);
     jb.qsign = c->scale < 0 ? 0x8000 : 0;
-    const int64_t Dp = jb.Dp, kb = jb.kb, kv_rows = d->B * d->Hkv;
+    const int64_t Dp = jb.Dp, Dv = jb.Dv, kb = jb.kb, kv_rows = d->B * d->Hkv;
     const int key_mask = c->mask && c->mask->key;
     /* per thread: resident query blocks, S, P, a stage of 32 rows */
     const int resident = jb.is_short ? 1 : jb.split.qb_per_task;
-    const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dp * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
+    const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dv * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
     const size_t per_thread = per_qb * (size_t)resident + R64(BQ * kb * 4) + R64(BQ * kb * 2) +
                               R64(32 * Dp * 2);
     /* per slot: packed K and V, the visible keys under a key mask */
-    const size_t per_slot = 2 * R64(jb.kp * Dp * 2) + (key_mask ? R64(d->Skv * 8) : 0);
+    const size_t per_slot =
+        R64(jb.kp * Dp * 2) + R64(jb.kp * Dv * 2) + (key_mask ? R64(d->Skv * 8) : 0);
     int64_t group = (int64_t)(PACK_BUDGET / per_slot);
     group = group < 1 ? 1 : group > kv_rows ? kv_rows : group;
     const size_t descs = R64((size_t)threads * sizeof(amx_workspace)) +
@@ -718,7 +752,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
         w->qb = qbs + (size_t)t * (size_t)resident;
         for (int q = 0; q < resident; q++) {
             w->qb[q].q = (uint16_t *)p, p += R64(BQ * Dp * 2);
-            w->qb[q].o = (float *)p, p += R64(BQ * Dp * 4);
+            w->qb[q].o = (float *)p, p += R64(BQ * Dv * 4);
             w->qb[q].m = (float *)p, p += R64(BQ * 4);
             w->qb[q].l = (float *)p, p += R64(BQ * 16 * 4);
         }
@@ -732,7 +766,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     for (int64_t s = 0; s < group; s++) {
         amx_slot *sl = &jb.slots[s];
         sl->k = (uint16_t *)p, p += R64(jb.kp * Dp * 2);
-        sl->v = (uint16_t *)p, p += R64(jb.kp * Dp * 2);
+        sl->v = (uint16_t *)p, p += R64(jb.kp * Dv * 2);
         sl->kidx = key_mask ? (int64_t *)p : NULL, p += key_mask ? R64(d->Skv * 8) : 0;
     }
     const int64_t chunks = (jb.kp + PACK_KEYS - 1) / PACK_KEYS;
