@@ -389,16 +389,17 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
 }
 
 /* 2^x: VREDUCEPS gives f = x - floor(x) in [0, 1), a degree-3 polynomial
- * 2^f (relative error 7.5e-5, below bf16's 2^-9), VSCALEFPS multiplies by
- * 2^floor(x). -inf gives exactly 0 (f = 0, scaled by 2^-inf), NaN stays
- * NaN, x below -150 underflows to 0. */
+ * 2^f (relative error 8.6e-5, below bf16's 2^-9; its constant term is 1, so
+ * 2^0 = 1 exactly and a softmax with one winner gives its V row exactly),
+ * VSCALEFPS multiplies by 2^floor(x). -inf gives exactly 0 (f = 0, scaled
+ * by 2^-inf), NaN stays NaN, x below -150 underflows to 0. */
 static inline __m512 exp2_poly3(__m512 x)
 {
     const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 p = _mm512_set1_ps(0.078024447f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.22606799f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695832849f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.999925315f));
+    __m512 p = _mm512_set1_ps(0.0770675838f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, x);
 }
 
@@ -410,18 +411,16 @@ static inline __mmask16 lanes_below(int v, int limit)
 }
 
 /* 2^(c s - m) over 32 scores at a time, the lanes at or past `limit` zero
- * (the caller's masks), into P as bf16; returns the row's sum, of P as
- * rounded (VDPBF16PS against ones), so that the output is a convex
- * combination of V's rows whatever the rounding: a softmax with one
- * winner gives its V row exactly. `exact`: c s is rounded before m is
- * subtracted (a huge m, where the FMA's unrounded product would leave a
- * residue of up to 2^-24 |m|). */
+ * (the caller's masks), into P as bf16; returns the row's sum, in fp32 of
+ * P before it is rounded (as FlashAttention does: the LSE stays within the
+ * polynomial's error; the output's weights are off by bf16's rounding).
+ * `exact`: c s is rounded before m is subtracted (a huge m, where the
+ * FMA's unrounded product would leave a residue of up to 2^-24 |m|). */
 static inline __attribute__((always_inline)) __m512
 exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int exact)
 {
     const __m512 cv = _mm512_set1_ps(c), nm = _mm512_set1_ps(-m);
-    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
-    __m512 sum = _mm512_setzero_ps();
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
     const int full = limit == 16 * nv;
     /* the explicitly rounded multiply: GCC would fuse a plain one with the
      * add (-ffp-contract=fast), which is the residue this path avoids */
@@ -434,12 +433,12 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
             e0 = _mm512_maskz_mov_ps(lanes_below(v, limit), e0);
             e1 = _mm512_maskz_mov_ps(lanes_below(v + 1, limit), e1);
         }
-        const __m512bh pb = _mm512_cvtne2ps_pbh(e1, e0);
-        sum = _mm512_dpbf16_ps(sum, pb, ones);
-        _mm512_store_si512(p + 16 * v, (__m512i)pb);
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
     }
 #undef SCALED
-    return sum;
+    return _mm512_add_ps(sum0, sum1);
 }
 
 /*
@@ -456,12 +455,20 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
             _mm512_store_si512(p + 16 * v, _mm512_setzero_si512());
         return;
     }
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+    /* four running maxima: one would be a chain of VMAXPS latencies */
+    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
     int v = 0;
+    for (; 16 * v + 64 <= limit; v += 4) {
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
+        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
+        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
+    }
     for (; 16 * v + 16 <= limit; v++)
         mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
     if (16 * v < limit)
         mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
+    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
     mx = _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     float m = qb->m[r];
     if (m == -INFINITY || _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + TAU), _CMP_GT_OQ)) {
@@ -672,8 +679,13 @@ static void amx_task(void *arg, int64_t task, int worker)
         }
         for (int64_t p0 = 0; p0 < nk; p0 += jb->kb) {
             const int bk = (int)(nk - p0 < jb->kb ? nk - p0 : jb->kb);
-            for (int q = 0; q < tk.nqb; q++)
-                block(jb, w, &w->qb[q], sl, &tk, tk.i_first + (int64_t)q * BQ, p0, bk);
+            for (int q = 0; q < tk.nqb; q++) {
+                const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+                if (p0 + jb->kb >= nk) /* the last key block: its output rows come next */
+                    flash_prefetch_rows(c->out, &tk, i0, flash_block_rows(jb->split.rows, i0, BQ),
+                                        d->D, 1);
+                block(jb, w, &w->qb[q], sl, &tk, i0, p0, bk);
+            }
         }
         for (int q = 0; q < tk.nqb; q++) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
