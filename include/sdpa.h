@@ -281,6 +281,12 @@ typedef struct sdpa_platform {
     int driver_version, runtime_version;
     char gpu_name[64];
     char cuda_why[160];            /* why no CUDA device is usable, if none    */
+    /* Added in 0.2 (after the fields above, so callers that compiled
+     * against 0.1 keep their offsets). */
+    char cpu_vendor[16];           /* "intel", "amd", "other", or "" (not
+                                    * known: a described CPU that did not say) */
+    int cpu_family;                /* x86 CPUID display family (6: Intel cores,
+                                    * 25: Zen 3/4, 26: Zen 5), 0 if not known */
 } sdpa_platform;
 
 /*
@@ -303,6 +309,10 @@ sdpa_status sdpa_platform_detect(sdpa_platform *out);
  *                                 features (names as `sdpa info` prints
  *                                 them), whatever this machine has: for
  *                                 explain; kernels run only where present
+ *   "cpu:vendor=intel,features=avx2+avx512+avx512bf16"
+ *                                 the same, made by a vendor: intel | amd
+ *                                 | other (rules may say `vendor`; a
+ *                                 described CPU without it has none)
  *   "cuda:sm_100"                 an sm_100 GPU (cuDNN 9.19.0 assumed)
  *   "cuda:sm_90,cudnn=91001"      an sm_90 GPU with cuDNN 9.10.1
  * Unknown words are an INVALID_ARGUMENT error naming them.

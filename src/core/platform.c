@@ -103,8 +103,20 @@ static void detect_x86(sdpa_platform *p)
         if (*s)
             sdpa__strlcpy(p->cpu_model, s, sizeof p->cpu_model);
     }
+    if (io->cpuid(0, 0, r)) { /* the vendor: "GenuineIntel", "AuthenticAMD" in EBX EDX ECX */
+        char v[13];
+        memcpy(v, &r[1], 4), memcpy(v + 4, &r[3], 4), memcpy(v + 8, &r[2], 4);
+        v[12] = '\0';
+        sdpa__strlcpy(p->cpu_vendor,
+                      strcmp(v, "GenuineIntel") == 0   ? "intel"
+                      : strcmp(v, "AuthenticAMD") == 0 ? "amd"
+                                                       : "other",
+                      sizeof p->cpu_vendor);
+    }
     if (!io->cpuid(1, 0, r))
         return;
+    const unsigned base_family = (r[0] >> 8) & 0xf;
+    p->cpu_family = (int)(base_family == 0xf ? base_family + ((r[0] >> 20) & 0xff) : base_family);
     const unsigned c1 = r[2];
     int fma = (c1 >> 12) & 1, osxsave = (c1 >> 27) & 1, avx = (c1 >> 28) & 1,
         f16c = (c1 >> 29) & 1;
@@ -156,6 +168,7 @@ static void detect_cpu(sdpa_platform *p)
     detect_x86(p);
 #elif defined(__aarch64__)
     sdpa__strlcpy(p->cpu_model, "aarch64 CPU", sizeof p->cpu_model);
+    sdpa__strlcpy(p->cpu_vendor, "other", sizeof p->cpu_vendor);
     p->cpu_features = p->cpu_features_present = SDPA_CPU_NEON;
 #endif
 }
@@ -203,9 +216,17 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
     p.simulated = 1;
     if (strcmp(buf, "cpu") == 0) {
         char *save = NULL;
+        const char *vendor = NULL;
         for (char *tok = rest ? strtok_r(rest, ",", &save) : NULL; tok;
              tok = strtok_r(NULL, ",", &save)) {
-            if (strncmp(tok, "isa=", 4) == 0) {
+            if (strncmp(tok, "vendor=", 7) == 0) {
+                vendor = tok + 7;
+                if (strcmp(vendor, "intel") && strcmp(vendor, "amd") && strcmp(vendor, "other"))
+                    return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                      "platform '%s': vendor '%s' unknown, expected intel, amd "
+                                      "or other",
+                                      spec, vendor);
+            } else if (strncmp(tok, "isa=", 4) == 0) {
                 int ok;
                 unsigned mask = sdpa__isa_level_mask(tok + 4, &ok);
                 if (!ok)
@@ -229,12 +250,18 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
                 p.cpu_features = p.cpu_features_present = bits;
                 p.amx_permitted = (bits & SDPA_CPU_AMX_BF16) != 0;
                 snprintf(p.cpu_model, sizeof p.cpu_model, "described CPU");
+                p.cpu_vendor[0] = '\0'; /* unless vendor= says */
+                p.cpu_family = 0;
             } else {
                 return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                                  "platform '%s': '%s' unknown, expected isa=LEVEL or "
-                                  "features=NAME+NAME...",
+                                  "platform '%s': '%s' unknown, expected isa=LEVEL, "
+                                  "features=NAME+NAME... or vendor=intel|amd|other",
                                   spec, tok);
             }
+        }
+        if (vendor) {
+            sdpa__strlcpy(p.cpu_vendor, vendor, sizeof p.cpu_vendor);
+            p.cpu_family = 0; /* a described vendor: no particular core */
         }
     } else if (strcmp(buf, "cuda") == 0) {
         if (!rest)
@@ -270,7 +297,9 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
         snprintf(p.gpu_name, sizeof p.gpu_name, "simulated sm_%d%d", p.cc_major, p.cc_minor);
     } else {
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                          "platform '%s': expected cpu[:isa=LEVEL|features=LIST] or cuda:sm_XY[,cudnn=N]", spec);
+                          "platform '%s': expected cpu[:isa=LEVEL|features=LIST|vendor=V] or "
+                          "cuda:sm_XY[,cudnn=N]",
+                          spec);
     }
     *out = p;
     return SDPA_OK;

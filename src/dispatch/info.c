@@ -67,6 +67,10 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     const sdpa_platform *p = sdpa_context_platform(ctx);
     sdpa__sb_printf(sb, "libsdpa %s\n", sdpa_version());
     sdpa__sb_printf(sb, "cpu       %s%s\n", p->cpu_model, p->simulated ? " (simulated platform)" : "");
+    if (p->cpu_family)
+        sdpa__sb_printf(sb, "vendor    %s, family %d\n", p->cpu_vendor, p->cpu_family);
+    else
+        sdpa__sb_printf(sb, "vendor    %s\n", p->cpu_vendor[0] ? p->cpu_vendor : "not known");
     sdpa__sb_printf(sb, "isa      ");
     int any = 0;
     for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
@@ -134,6 +138,8 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     const sdpa_platform *p = sdpa_context_platform(ctx);
     sdpa__sb_printf(sb, "{\"version\":\"%s\",\"cpu\":{", sdpa_version());
     json_key(sb, "model", p->cpu_model, 0);
+    json_key(sb, "vendor", p->cpu_vendor, 1);
+    sdpa__sb_printf(sb, ",\"family\":%d", p->cpu_family);
     sdpa__sb_printf(sb, ",\"simulated\":%s,\"isa\":[", p->simulated ? "true" : "false");
     int n = 0;
     for (size_t i = 0; i < sdpa__cpu_feature_count; i++)

@@ -196,6 +196,15 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
                             sdpa__cpu_features_expected(names, sizeof names));
             r->isa |= bit;
         }
+    } else if (strcmp(key, "vendor") == 0) {
+        if (n > 3)
+            return perr(ps, "'%s' lists too many vendors (at most 3)%s", raw, "");
+        for (int i = 0; i < n; i++) {
+            if (strcmp(w[i], "intel") && strcmp(w[i], "amd") && strcmp(w[i], "other"))
+                return perr(ps, "vendor '%s' unknown, expected intel, amd or other%s", w[i], "");
+            sdpa__strlcpy(r->vendor[i], w[i], sizeof r->vendor[i]);
+        }
+        r->n_vendor = n;
     } else if (strcmp(key, "dtype") == 0) {
         for (int i = 0; i < n; i++) {
             int t = 0;
@@ -269,10 +278,10 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         while (i < 6 && strcmp(dims[i], key))
             i++;
         if (i == 6)
-            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, dtype, causal, "
-                            "mask, pass, lse, deterministic, quant, component, B, Sq, Skv, Hq, "
-                            "Hkv, D, same_seq, same_heads, try, evidence, class, source or "
-                            "claim)%s",
+            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, vendor, dtype, "
+                            "causal, mask, pass, lse, deterministic, quant, component, B, Sq, "
+                            "Skv, Hq, Hkv, D, same_seq, same_heads, try, evidence, class, source "
+                            "or claim)%s",
                         key, "");
         if (i == 5 && n > 1) { /* D: a set */
             if (n > SDPA_RULE_LIST)
@@ -480,6 +489,13 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
     }
     if (r->isa && (d->device != SDPA_DEVICE_CPU || (p->cpu_features & r->isa) != r->isa))
         return 0;
+    if (r->n_vendor) {
+        int found = 0;
+        for (int i = 0; i < r->n_vendor && !found; i++)
+            found = strcmp(r->vendor[i], p->cpu_vendor) == 0;
+        if (d->device != SDPA_DEVICE_CPU || !found)
+            return 0;
+    }
     if (!(r->pass & (d->backward ? 2 : 1)))
         return 0;
     if (r->dtypes && !(r->dtypes & (1u << d->dtype)))

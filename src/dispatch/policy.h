@@ -24,6 +24,8 @@ typedef struct sdpa_rule {
     sdpa_range cc;        /* compute capability * 10 */
     sdpa_range cudnn;
     unsigned isa;         /* SDPA_CPU_* all required; 0: any */
+    int n_vendor;         /* `vendor`: the CPU's maker is one of these; 0: any */
+    char vendor[3][16];
     unsigned dtypes;      /* bit per dtype; 0: any */
     unsigned causal;      /* bit per sdpa_causal; 0: any */
     unsigned masks;       /* bit 0: no mask; else the call's most general
