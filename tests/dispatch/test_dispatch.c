@@ -60,6 +60,76 @@ static int decide(sdpa_context *ctx, const sdpa_call_desc *d)
           "first candidate %s, expected %s (rule '%s')",                                           \
           dec.n_candidates ? dec.candidates[0] : "(none)", name, dec.rule)
 
+/* ---- the CPU rules on every CPU the project has measured, described */
+
+/* Each CPU of bench/results and ../shared/data, described by --platform,
+ * with the kernel its measurements say should come first for a long
+ * diffusion call (FLUX's joint attention), a padded cross-attention call
+ * and the 26-token grouped-query one: the bf16 order differs by vendor
+ * (VDPBF16PS runs at half the fp32 FMA rate on every Intel core measured,
+ * faster than fp32 on AMD's) and by AMX; f16 and f32 keep fp32 arithmetic. */
+static void test_cpu_rules_per_cpu(void)
+{
+    static const struct {
+        const char *cpu, *platform, *bf16, *f16, *f32;
+    } cpus[] = {
+        {"Sapphire Rapids (AMX)", "cpu:vendor=intel,features=avx2+avx512+avx512bf16+avx512fp16+amx-bf16",
+         "cpu.amx", "cpu.avx512", "cpu.avx512"},
+        {"Emerald Rapids, AMX hidden", "cpu:vendor=intel,features=avx2+avx512+avx512bf16+avx512fp16",
+         "cpu.avx512", "cpu.avx512", "cpu.avx512"},
+        {"Zen 4 / Zen 5", "cpu:vendor=amd,features=avx2+avx512+avx512bf16", "cpu.avx512bf16",
+         "cpu.avx512", "cpu.avx512"},
+        {"Zen 2 / Zen 3", "cpu:vendor=amd,features=avx2", "cpu.avx2", "cpu.avx2", "cpu.avx2"},
+    };
+    static const struct {
+        const char *what;
+        int64_t B, Sq, Skv, Hq, Hkv, D;
+        unsigned mask;
+    } shapes[] = {{"flux1-joint", 1, 3520, 3520, 24, 24, 128, 0},
+                  {"wan22-5b-cross-padded", 1, 8190, 512, 24, 24, 128, SDPA_MASK_KIND_SEQ_LEN},
+                  {"minimaxh3-gqa", 1, 26, 26, 16, 2, 128, 0}};
+    for (size_t i = 0; i < sizeof cpus / sizeof *cpus; i++) {
+        sdpa_context *ctx = tl_context(cpus[i].platform);
+        CHECK(ctx != NULL, "%s: %s", cpus[i].cpu, cpus[i].platform);
+        if (!ctx)
+            continue;
+        for (size_t j = 0; j < sizeof shapes / sizeof *shapes; j++)
+            for (int t = 0; t < SDPA_DTYPE_COUNT; t++) {
+                sdpa_call_desc d = cpu_call();
+                d.B = shapes[j].B, d.Sq = shapes[j].Sq, d.Skv = shapes[j].Skv;
+                d.Hq = shapes[j].Hq, d.Hkv = shapes[j].Hkv, d.D = shapes[j].D;
+                d.mask = shapes[j].mask, d.dtype = (sdpa_dtype)t;
+                const char *want = t == SDPA_BF16 ? cpus[i].bf16
+                                   : t == SDPA_F16 ? cpus[i].f16
+                                                   : cpus[i].f32;
+                decide(ctx, &d);
+                CHECK(dec.n_candidates > 0 && strcmp(dec.candidates[0], want) == 0,
+                      "%s, %s in %s: first candidate %s (rule '%s'), expected %s", cpus[i].cpu,
+                      shapes[j].what, sdpa_dtype_name((sdpa_dtype)t),
+                      dec.n_candidates ? dec.candidates[0] : "(none)", dec.rule, want);
+            }
+        sdpa_context_destroy(ctx);
+    }
+    /* The vendor is what a described CPU says, and only that: without it,
+     * no vendor rule applies (the bf16 order is AMD's, whose rule names no
+     * vendor). */
+    sdpa_context *ctx = tl_context("cpu:features=avx2+avx512+avx512bf16");
+    sdpa_call_desc d = cpu_call();
+    d.dtype = SDPA_BF16, d.Sq = d.Skv = 3520, d.Hq = d.Hkv = 24, d.D = 128;
+    decide(ctx, &d);
+    FIRST("cpu.avx512bf16");
+    sdpa_context_destroy(ctx);
+    sdpa_platform p;
+    CHECK_STATUS(sdpa_platform_parse("cpu:vendor=via", &p), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "via") != NULL && strstr(sdpa_last_error(), "intel"),
+          "the refusal names the vendor and the expected ones: %s", sdpa_last_error());
+    CHECK_STATUS(sdpa_platform_parse("cpu:vendor=amd,features=avx2", &p), SDPA_OK);
+    CHECK(strcmp(p.cpu_vendor, "amd") == 0 && p.cpu_family == 0, "vendor %s family %d",
+          p.cpu_vendor, p.cpu_family);
+    CHECK_STATUS(sdpa_platform_parse("cpu:features=avx2,vendor=intel", &p), SDPA_OK);
+    CHECK(strcmp(p.cpu_vendor, "intel") == 0, "vendor after features: %s", p.cpu_vendor);
+}
+
 /* ---- the default CUDA rules on simulated platforms */
 
 static void test_cuda_rules(void)
@@ -834,12 +904,18 @@ static void max_isa_bf16(const sdpa_platform *host)
             tl_skip(what, "this CPU lacks the ISA");
             continue;
         }
-        /* With AMX the rule cpu-amx-bf16 puts cpu.avx512 first (measured:
-         * cpu.amx and VDPBF16PS are slower there than fp32 arithmetic). */
+        /* With AMX, rule cpu-amx-bf16 puts cpu.amx first; on an Intel core
+         * without it (or capped below it), cpu-intel-bf16 puts cpu.avx512
+         * first (VDPBF16PS at half the fp32 rate there). */
         const int amx_host = strcmp(caps[i].level, "amx") == 0 &&
                              (host->cpu_features & SDPA_CPU_AMX_BF16);
-        const char *expect_first = amx_host ? "cpu.avx512" : caps[i].expect_first;
-        const int product_bits = amx_host ? 0 : caps[i].product_bits;
+        const int intel = strcmp(host->cpu_vendor, "intel") == 0 &&
+                          (host->cpu_features & SDPA_CPU_AVX512F) &&
+                          strcmp(caps[i].expect_first, "cpu.avx512bf16") == 0;
+        const char *expect_first = amx_host ? "cpu.amx"
+                                   : intel  ? "cpu.avx512"
+                                            : caps[i].expect_first;
+        const int product_bits = amx_host ? 8 : intel ? 0 : caps[i].product_bits;
         sdpa_context *ctx = capped_context(caps[i].level);
         if (!ctx)
             continue;
@@ -1051,6 +1127,7 @@ int main(void)
 {
     tl_seed_from_env();
     test_cuda_rules();
+    test_cpu_rules_per_cpu();
     test_precedence();
     test_explicit_refusal();
     test_lse_forcing();

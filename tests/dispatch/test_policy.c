@@ -46,6 +46,9 @@ static void test_errors(void)
     expect_error("rule a\ndevice tpu\ntry ref\nevidence x\n", "device 'tpu' unknown");
     expect_error("rule a\nisa sse9\ntry ref\nevidence x\n", "isa 'sse9' unknown");
     expect_error("rule a\npass sideways\ntry ref\nevidence x\n", "pass 'sideways' unknown");
+    expect_error("rule a\nvendor via\ntry ref\nevidence x\n",
+                 "my.rules:2: vendor 'via' unknown, expected intel, amd or other");
+    expect_error("rule a\nvendor intel amd other intel\ntry ref\nevidence x\n", "too many vendors");
     expect_error("rule a\ntry ref\nevidence\n", "evidence is empty");
     /* numbers beyond 64 bits (they used to saturate, and '>' then
      * overflowed) and beyond any real size are rejected with file:line */
@@ -184,6 +187,36 @@ static void test_matching(void)
     sdpa__policy_free(pol);
 }
 
+/* `vendor`: the CPU's maker, never a CUDA call's. */
+static void test_vendor_matching(void)
+{
+    sdpa_policy *pol = NULL;
+    CHECK_STATUS(sdpa__policy_parse("rule i\nvendor intel\ntry ref\nevidence e\n"
+                                    "rule ia\nvendor amd intel\ntry ref\nevidence e\n",
+                                    "v.rules", known, NULL, &pol),
+                 SDPA_OK);
+    if (!pol)
+        return;
+    static const struct {
+        const char *platform;
+        int dev, want_i, want_ia;
+    } cases[] = {{"cpu:vendor=intel,features=avx2", SDPA_DEVICE_CPU, 1, 1},
+                 {"cpu:vendor=amd,features=avx2", SDPA_DEVICE_CPU, 0, 1},
+                 {"cpu:vendor=other,features=avx2", SDPA_DEVICE_CPU, 0, 0},
+                 {"cpu:features=avx2", SDPA_DEVICE_CPU, 0, 0},
+                 {"cpu:vendor=intel,features=avx2", SDPA_DEVICE_CUDA, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sdpa_platform p;
+        CHECK_STATUS(sdpa_platform_parse(cases[i].platform, &p), SDPA_OK);
+        sdpa_call_desc d = call((sdpa_device_kind)cases[i].dev, 1, 64, 64);
+        CHECK(sdpa__rule_matches(&pol->rules[0], &p, &d) == cases[i].want_i &&
+                  sdpa__rule_matches(&pol->rules[1], &p, &d) == cases[i].want_ia,
+              "vendor rules on %s (%s call)", cases[i].platform,
+              cases[i].dev == SDPA_DEVICE_CPU ? "cpu" : "cuda");
+    }
+    sdpa__policy_free(pol);
+}
+
 static void test_user_file(void)
 {
     char path[] = "/tmp/sdpa_policy_XXXXXX";
@@ -191,7 +224,9 @@ static void test_user_file(void)
     const char *rules = "rule mine\ndevice cpu\ntry ref\nevidence measured by me\n";
     CHECK(write(fd, rules, strlen(rules)) == (ssize_t)strlen(rules), "write");
     close(fd);
-    sdpa_context *ctx = tl_context(NULL);
+    /* a described CPU, so that the built-in rule is the same on any host
+     * (an Intel one stops at cpu-amx-bf16 or cpu-intel-bf16) */
+    sdpa_context *ctx = tl_context("cpu:vendor=amd,features=avx2+avx512+avx512bf16");
     sdpa_call_desc d = call(SDPA_DEVICE_CPU, 1, 64, 64);
     sdpa_decision dec;
     sdpa_decide(ctx, &d, &dec);
@@ -259,6 +294,7 @@ int main(void)
 {
     test_errors();
     test_matching();
+    test_vendor_matching();
     test_user_file();
     test_default_rules_parse();
     test_platform_parse();
