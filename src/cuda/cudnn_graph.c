@@ -277,7 +277,8 @@ void sdpa_cudnn_graph_free(sdpa_cudnn_graph *g)
 }
 
 cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t devprop,
-                                    cudnnBackendDescriptor_t *plan, int64_t *workspace)
+                                    cudnnHandle_t handle, cudnnBackendDescriptor_t *plan,
+                                    int64_t *workspace)
 {
     *workspace = 0;
     cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, plan);
@@ -285,7 +286,14 @@ cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDe
         return st;
     st = cudnnBackendSetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
-    if (st == CUDNN_STATUS_SUCCESS && devprop)
+    /* A plan that will execute is finalized with a handle, as every cuDNN
+     * sample that executes does; the device properties alone build a plan
+     * ahead of time (the tests, without a GPU) that must be bound to a
+     * handle before it runs. */
+    if (st == CUDNN_STATUS_SUCCESS && handle)
+        st = cudnnBackendSetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE,
+                                      1, &handle);
+    else if (st == CUDNN_STATUS_SUCCESS && devprop)
         st = cudnnBackendSetAttribute(*plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP,
                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &devprop);
     if (st == CUDNN_STATUS_SUCCESS)
@@ -296,6 +304,29 @@ cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDe
     if (st != CUDNN_STATUS_SUCCESS) {
         cudnnBackendDestroyDescriptor(*plan);
         *plan = NULL;
+    }
+    return st;
+}
+
+cudnnStatus_t sdpa_cudnn_devprop_device(int device, cudnnBackendDescriptor_t *out,
+                                        const char **where)
+{
+    *where = "creating the descriptor";
+    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, out);
+    if (st != CUDNN_STATUS_SUCCESS)
+        return st;
+    /* 32-bit: cuDNN 9.19 refuses INT64 here with status 2010 ("CUDNN_TYPE_INT32
+     * != attrType"), which made every cuda.cudnn call fail before it ran */
+    const int32_t id = device;
+    *where = "the device id";
+    st = cudnnBackendSetAttribute(*out, CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &id);
+    if (st == CUDNN_STATUS_SUCCESS) {
+        *where = "finalizing (reads the device)";
+        st = cudnnBackendFinalize(*out);
+    }
+    if (st != CUDNN_STATUS_SUCCESS) {
+        cudnnBackendDestroyDescriptor(*out);
+        *out = NULL;
     }
     return st;
 }

@@ -60,14 +60,16 @@ cudnnStatus_t sdpa_cudnn_engine_configs(sdpa_cudnn_graph *g, cudnnBackendDescrip
                                         int *n_cfgs);
 
 /*
- * An execution plan from one engine configuration on the described device
- * (finalizing compiles the kernel); its workspace size in *workspace. On
- * failure nothing is left allocated.
+ * An execution plan from one engine configuration (finalizing compiles the
+ * kernel): with a handle, bound to it and its device, ready to execute;
+ * without one (NULL), for the device devprop describes, ahead of time (no
+ * GPU needed; not executable as it is). Its workspace size in *workspace.
+ * On failure nothing is left allocated.
  */
 cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDescriptor_t devprop,
-                                    cudnnBackendDescriptor_t *plan, int64_t *workspace);
+                                    cudnnHandle_t handle, cudnnBackendDescriptor_t *plan,
+                                    int64_t *workspace);
 
-/* A DEVICEPROP descriptor from a JSON description (for machines without the GPU). */
 /*
  * What a cuDNN status means for the dispatcher (shared/notes/cudnn-backend-
  * sdpa.md, section 6): environment missing -> NOT_AVAILABLE; this shape or
@@ -80,7 +82,16 @@ cudnnStatus_t sdpa_cudnn_build_plan(cudnnBackendDescriptor_t cfg, cudnnBackendDe
  */
 sdpa_status sdpa_cudnn_status_map(int code, int executing, const char *detail);
 
+/* A DEVICEPROP descriptor from a JSON description (for machines without the GPU). */
 cudnnStatus_t sdpa_cudnn_devprop_json(const char *json, cudnnBackendDescriptor_t *out);
+
+/*
+ * A DEVICEPROP descriptor of CUDA device `device` (what cuda.cudnn's plans
+ * are finalized for); *where names the step that failed. On failure
+ * nothing is left allocated.
+ */
+cudnnStatus_t sdpa_cudnn_devprop_device(int device, cudnnBackendDescriptor_t *out,
+                                        const char **where);
 
 /* BSHD strides for a [b, s, h, d] buffer, in the graph's [b, h, s, d] order. */
 void sdpa_cudnn_bshd_strides(int64_t s, int64_t h, int64_t d, int64_t stride[4]);

@@ -64,8 +64,13 @@ static plan_entry plans[PLAN_SLOTS];
 static uint64_t plan_clock;
 static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The calling thread's handle for the device of its current call. Handles
+ * are kept, one per device, and never destroyed while the thread lives:
+ * a cached plan was finalized with the handle of the thread that built it
+ * (sdpa_cudnn_build_plan), and stays valid only while that handle does. */
+#define HANDLE_DEVICES 64
+static _Thread_local cudnnHandle_t handles[HANDLE_DEVICES];
 static _Thread_local cudnnHandle_t handle;
-static _Thread_local int handle_device = -1;
 /* Like the handle, the workspace belongs to one device: a thread that
  * moves to another device gets a new one there. */
 static _Thread_local void *workspace;
@@ -174,14 +179,9 @@ static sdpa_status get_plan(const plan_key *key, plan_entry **out)
     cudnnBackendDescriptor_t dev = NULL, cfgs[8];
     int n = 0;
     if (st == CUDNN_STATUS_SUCCESS) {
-        st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dev);
-        int64_t id = key->device;
-        if (st == CUDNN_STATUS_SUCCESS)
-            st = cudnnBackendSetAttribute(dev, CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT64,
-                                          1, &id);
-        if (st == CUDNN_STATUS_SUCCESS)
-            st = cudnnBackendFinalize(dev);
-        where = "device properties";
+        const char *step = "";
+        st = sdpa_cudnn_devprop_device(key->device, &dev, &step);
+        where = st == CUDNN_STATUS_SUCCESS ? "" : step;
     }
     if (st == CUDNN_STATUS_SUCCESS) {
         st = sdpa_cudnn_engine_configs(&victim->graph, dev, cfgs, 8, &n);
@@ -203,7 +203,7 @@ static sdpa_status get_plan(const plan_key *key, plan_entry **out)
             }
             cudnnBackendDescriptor_t plan;
             int64_t ws = 0;
-            last = sdpa_cudnn_build_plan(cfgs[i], dev, &plan, &ws);
+            last = sdpa_cudnn_build_plan(cfgs[i], dev, handle, &plan, &ws);
             if (last == CUDNN_STATUS_SUCCESS) {
                 victim->used = 1, victim->users = 1, victim->plan = plan, victim->cfg = cfgs[i];
                 victim->workspace = ws, victim->key = *key;
@@ -247,6 +247,7 @@ static sdpa_status plan_for_call(const sdpa_cuda_call *c, plan_entry **e)
         return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
                                      "cuda.cudnn: out must have the input dtype (%d), got %d",
                                      (int)c->q->dtype, (int)c->out->dtype);
+    static const char *dims[3] = {"batch", "sequence", "head"};
     for (int i = 0; i < 4; i++) {
         if (t[i]->stride[3] != 1)
             return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
@@ -254,6 +255,16 @@ static sdpa_status plan_for_call(const sdpa_cuda_call *c, plan_entry **e)
         if ((uintptr_t)t[i]->data % 16 != 0)
             return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
                                          "cuda.cudnn: %s is not 16-byte aligned", names[i]);
+        /* The graph tells cuDNN every row starts 16-byte aligned, so every
+         * stride must keep it (a head stride of 67 elements would not). */
+        const int64_t es = t[i]->dtype == SDPA_F32 ? 4 : 2;
+        for (int k = 0; k < 3; k++)
+            if (t[i]->size[k] > 1 && (t[i]->stride[k] * es) % 16 != 0)
+                return sdpa_cuda__host->fail(
+                    SDPA_UNSUPPORTED,
+                    "cuda.cudnn: %s's %s stride is %lld bytes, not a multiple of 16 (its rows "
+                    "must stay 16-byte aligned)",
+                    names[i], dims[k], (long long)(t[i]->stride[k] * es));
     }
     if (c->lse && (uintptr_t)c->lse % 16 != 0)
         return sdpa_cuda__host->fail(SDPA_UNSUPPORTED, "cuda.cudnn: lse is not 16-byte aligned");
@@ -265,14 +276,15 @@ static sdpa_status plan_for_call(const sdpa_cuda_call *c, plan_entry **e)
         return sdpa_cuda__host->fail(SDPA_DEVICE_ERROR, "cuda.cudnn: cudaSetDevice(%d): %s",
                                      device, cudaGetErrorString(ce));
     cudnnStatus_t st;
-    if (!handle || handle_device != device) {
-        if (handle)
-            cudnnDestroy(handle);
-        handle = NULL;
-        if ((st = cudnnCreate(&handle)) != CUDNN_STATUS_SUCCESS)
-            return fail_cudnn(st, 0, "cudnnCreate");
-        handle_device = device;
+    if (device < 0 || device >= HANDLE_DEVICES)
+        return sdpa_cuda__host->fail(SDPA_UNSUPPORTED,
+                                     "cuda.cudnn: device %d, expected one of the first %d",
+                                     device, HANDLE_DEVICES);
+    if (!handles[device] && (st = cudnnCreate(&handles[device])) != CUDNN_STATUS_SUCCESS) {
+        handles[device] = NULL;
+        return fail_cudnn(st, 0, "cudnnCreate");
     }
+    handle = handles[device];
     if ((st = cudnnSetStream(handle, (cudaStream_t)c->stream)) != CUDNN_STATUS_SUCCESS)
         return fail_cudnn(st, 1, "cudnnSetStream");
 

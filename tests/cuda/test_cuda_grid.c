@@ -7,7 +7,8 @@
  * cuda.unfused), against ref given the same masks on the host. The
  * large row is checked against cuda.unfused (the GPU-side reference) when
  * it is present. Without a GPU every backend is skipped with the reason
- * (this is what CI sees); scripts/gpu-check.sh runs it on a GPU.
+ * (this is what CI sees); scripts/gpu-check.sh runs it on a GPU, once per
+ * backend (test_cuda_grid BACKEND).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "support/testlib.h"
@@ -153,11 +154,27 @@ static void check_case(const char *backend, const char *against, tl_case c, int 
     tl_output_free(&want), tl_output_free(&got), tl_problem_free(&p);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     tl_seed_from_env();
     ctx = tl_context(NULL);
     static const char *names[] = {"cuda.cudnn", "cuda.flash", "cuda.unfused"};
+    /* test_cuda_grid [BACKEND ...]: those only (gpu-check.sh runs each in
+     * its own process, so that a sticky CUDA fault in one cannot fail the
+     * others' cases) */
+    int wanted[3] = {argc <= 1, argc <= 1, argc <= 1};
+    for (int a = 1; a < argc; a++) {
+        int n = 0;
+        while (n < 3 && strcmp(argv[a], names[n]) != 0)
+            n++;
+        if (n == 3) {
+            printf("usage: test_cuda_grid [cuda.cudnn|cuda.flash|cuda.unfused ...]: '%s' "
+                   "unknown\n",
+                   argv[a]);
+            return 2;
+        }
+        wanted[n] = 1;
+    }
     int unfused_present = 0;
     for (int i = 0; i < sdpa_backend_count(ctx); i++) {
         sdpa_backend_info b;
@@ -165,6 +182,8 @@ int main(void)
         unfused_present |= strcmp(b.name, "cuda.unfused") == 0 && b.present;
     }
     for (int n = 0; n < 3; n++) {
+        if (!wanted[n])
+            continue;
         sdpa_backend_info b;
         int found = 0;
         for (int i = 0; i < sdpa_backend_count(ctx) && !found; i++)

@@ -114,7 +114,7 @@ static int configs_for(const sdpa_cudnn_problem *p, int sm, cudnnBackendDescript
         int64_t ws;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        cudnnStatus_t ps = sdpa_cudnn_build_plan(cfg[0], dev, &plan, &ws); /* as cuda.cudnn does */
+        cudnnStatus_t ps = sdpa_cudnn_build_plan(cfg[0], dev, NULL, &plan, &ws); /* ahead of time */
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
         printf("  plan finalize on sm_%d: status %d (%s) after %.2f s\n", sm, (int)ps,
@@ -179,10 +179,42 @@ static void status_mapping(void)
     }
 }
 
+/*
+ * The descriptor of a real device, through the code cuda.cudnn runs
+ * (sdpa_cudnn_devprop_device): without a GPU the attribute is set and only
+ * finalizing (which reads the device) may fail. A device id of the wrong
+ * width is refused when it is set (status 2010 on cuDNN 9.19), which the
+ * control below shows, so this is the check that a wrong type fails.
+ */
+static void device_descriptor(void)
+{
+    cudnnBackendDescriptor_t dev = NULL;
+    const char *where = "";
+    cudnnStatus_t st = sdpa_cudnn_devprop_device(0, &dev, &where);
+    printf("device properties of device 0: status %d (%s)%s%s\n", (int)st,
+           cudnnGetErrorString(st), st ? " at " : "", st ? where : "");
+    CHECK(st == CUDNN_STATUS_SUCCESS || strcmp(where, "the device id") != 0,
+          "cuDNN refused the device id attribute: %d (%s)", (int)st, cudnnGetErrorString(st));
+    CHECK(st == CUDNN_STATUS_SUCCESS || dev == NULL, "a failed descriptor was left allocated");
+    if (dev)
+        cudnnBackendDestroyDescriptor(dev);
+    /* the control: a 64-bit id is refused at the attribute */
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &dev) ==
+        CUDNN_STATUS_SUCCESS) {
+        int64_t id = 0;
+        st = cudnnBackendSetAttribute(dev, CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT64, 1,
+                                      &id);
+        CHECK(st != CUDNN_STATUS_SUCCESS, "cuDNN took a 64-bit device id (the check above "
+                                          "would then not show a wrong type)");
+        cudnnBackendDestroyDescriptor(dev);
+    }
+}
+
 int main(int argc, char **argv)
 {
     printf("cuDNN %zu (cudart %zu)\n", cudnnGetVersion(), cudnnGetCudartVersion());
     status_mapping();
+    device_descriptor();
     if (argc < 2) {
         printf("usage: test_cudnn_graph SHAPES_DIR\n");
         return 2;
