@@ -3,15 +3,16 @@
 #   build/        optimised, warnings as errors: the whole CTest suite; then
 #                 installed into a temporary prefix, the examples/ built and
 #                 run against it, and the .deb packed, installed and removed
-#                 (scripts/examples.sh)
+#                 (scripts/examples.sh); scripts/amx-check.sh --quick
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
 #                 the soak, the backward pass's cuts into tasks: SDPA_TEST_QUICK)
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
-#                 scripts/python-test.sh; then bench/peers' contenders on the
-#                 smoke suite, forward and backward, outputs checked against
-#                 float64
+#                 scripts/python-test.sh; the CUDA plugin built against the
+#                 cuDNN of torch's wheel (scripts/cuda-wheel-check.sh); then
+#                 bench/peers' contenders on the smoke suite, forward and
+#                 backward, outputs checked against float64
 #   build-fuzz/   clang + libFuzzer + ASan/UBSan: the policy parser, the .npy
 #                 reader and sdpa_forward against ref (fuzz_forward.c),
 #                 SDPA_FUZZ_SECONDS (default 20) each, from the corpora in
@@ -39,6 +40,10 @@ configure_and_test() { # dir, ctest filter, cmake flags...
 configure_and_test build "" -DCMAKE_BUILD_TYPE=Release
 echo "== install, examples and the .deb"
 scripts/examples.sh build
+# cpu.amx on real tiles where the CPU has AMX, its tile-less cost elsewhere
+# (one round of the smoke suite: a minute or two)
+echo "== scripts/amx-check.sh --quick"
+scripts/amx-check.sh --quick | tail -12
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
@@ -49,6 +54,8 @@ TSAN_OPTIONS=halt_on_error=1 SDPA_TEST_QUICK=1 \
 
 echo "== python"
 scripts/python-test.sh
+echo "== the CUDA plugin against a Python wheel's cuDNN"
+scripts/cuda-wheel-check.sh build-py/venv/bin/python
 
 # The peer benchmark's contenders must stay right: one round of the smoke
 # suite in both dtypes, every output checked against float64 (no timing).
