@@ -14,9 +14,11 @@
  * Links only the public libraries (libsdpa.so, libsdpa_mpi.so): the test
  * harness of the other tests carries its own copy of the core.
  */
+#define _GNU_SOURCE /* dlfcn */
 #include "sdpa_mpi.h"
 #include "mpi_check.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,6 +287,88 @@ static void refusals(sdpa_context *ctx)
     }
 }
 
+/*
+ * Device tensors on real device memory, where a CUDA device is (a GPU
+ * machine; elsewhere the refusals above cover the staging path): a ring
+ * over the ranks with q, k, v and out in cudaMalloc'ed memory (staged
+ * through the host by libsdpa_mpi) must give what the same plan gives on
+ * host tensors, bit for bit. The CUDA runtime is dlopened, as libsdpa_mpi
+ * itself does, so this test links no CUDA.
+ */
+static void device_case(sdpa_context *ctx)
+{
+    int (*get_count)(int *) = NULL, (*set_device)(int) = NULL;
+    int (*dmalloc)(void **, size_t) = NULL, (*dfree)(void *) = NULL;
+    int (*dcopy)(void *, const void *, size_t, int) = NULL;
+    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+    void *h = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    int devices = 0;
+    if (h) {
+        *(void **)&get_count = dlsym(h, "cudaGetDeviceCount");
+        *(void **)&set_device = dlsym(h, "cudaSetDevice");
+        *(void **)&dmalloc = dlsym(h, "cudaMalloc");
+        *(void **)&dfree = dlsym(h, "cudaFree");
+        *(void **)&dcopy = dlsym(h, "cudaMemcpy");
+        if (!get_count || !set_device || !dmalloc || !dfree || !dcopy || get_count(&devices) != 0)
+            devices = 0;
+    }
+    int everywhere = 0; /* every rank must have a device, or none runs it */
+    MPI_Allreduce(&devices, &everywhere, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (everywhere < 1) {
+        if (rank == 0)
+            printf("SKIP device tensors on device memory: %s\n",
+                   h ? "no CUDA device here" : "no CUDA runtime (libcudart) here");
+        if (h)
+            dlclose(h);
+        return;
+    }
+    set_device(rank % devices);
+    sdpa_mpi_shape sh = {1, 96, 96, 4, 2, 32, SDPA_F32, SDPA_CAUSAL_NONE, 0};
+    sdpa_mpi_plan *plan = NULL;
+    if (sdpa_mpi_plan_create(MPI_COMM_WORLD, 1, size, &sh, NULL, NULL, &plan) != SDPA_OK) {
+        CHECK(0, "device case: plan: %s", sdpa_mpi_last_error());
+        dlclose(h);
+        return;
+    }
+    int64_t q0, qn, k0, kn;
+    sdpa_mpi_rows(plan, -1, 0, &q0, &qn);
+    sdpa_mpi_rows(plan, -1, 1, &k0, &kn);
+    const size_t nq = (size_t)(qn * sh.Hq * sh.D), nk = (size_t)(kn * sh.Hkv * sh.D);
+    rng = 12345 + (uint64_t)rank;
+    float *q = fill(nq ? nq : 1), *k = fill(nk ? nk : 1), *v = fill(nk ? nk : 1);
+    float *oh = calloc(nq ? nq : 1, sizeof(float)), *od = calloc(nq ? nq : 1, sizeof(float));
+    void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL;
+    int ok = dmalloc(&dq, 4 * (nq ? nq : 1)) == 0 && dmalloc(&dk, 4 * (nk ? nk : 1)) == 0 &&
+             dmalloc(&dv, 4 * (nk ? nk : 1)) == 0 && dmalloc(&dout, 4 * (nq ? nq : 1)) == 0 &&
+             dcopy(dq, q, 4 * nq, 1) == 0 && dcopy(dk, k, 4 * nk, 1) == 0 &&
+             dcopy(dv, v, 4 * nk, 1) == 0;
+    CHECK(ok, "device case: device memory on rank %d", rank);
+    sdpa_tensor tq = sdpa_tensor_bshd(q, SDPA_F32, 1, qn ? qn : 1, sh.Hq, sh.D);
+    sdpa_tensor tk = sdpa_tensor_bshd(k, SDPA_F32, 1, kn ? kn : 1, sh.Hkv, sh.D);
+    sdpa_tensor tv = sdpa_tensor_bshd(v, SDPA_F32, 1, kn ? kn : 1, sh.Hkv, sh.D);
+    sdpa_tensor to = sdpa_tensor_bshd(oh, SDPA_F32, 1, qn ? qn : 1, sh.Hq, sh.D);
+    sdpa_status st = sdpa_mpi_forward(plan, ctx, qn ? &tq : NULL, kn ? &tk : NULL,
+                                      kn ? &tv : NULL, qn ? &to : NULL, NULL, NULL);
+    CHECK(st == SDPA_OK, "device case: host run: %s", sdpa_mpi_last_error());
+    sdpa_tensor gq = tq, gk = tk, gv = tv, go = to;
+    gq.data = dq, gk.data = dk, gv.data = dv, go.data = dout;
+    gq.device = gk.device = gv.device = go.device = (sdpa_device){SDPA_DEVICE_CUDA, rank % devices};
+    st = sdpa_mpi_forward(plan, ctx, qn ? &gq : NULL, kn ? &gk : NULL, kn ? &gv : NULL,
+                          qn ? &go : NULL, NULL, NULL);
+    CHECK(st == SDPA_OK, "device case: device run: %s", sdpa_mpi_last_error());
+    if (st == SDPA_OK && ok && nq) {
+        CHECK(dcopy(od, dout, 4 * nq, 2) == 0, "device case: copying the output back");
+        CHECK(memcmp(od, oh, 4 * nq) == 0, "device case: device and host outputs differ on rank %d",
+              rank);
+    }
+    dfree(dq), dfree(dk), dfree(dv), dfree(dout);
+    free(q), free(k), free(v), free(oh), free(od);
+    sdpa_mpi_plan_destroy(plan);
+    dlclose(h);
+}
+
 int main(int argc, char **argv)
 {
     int provided;
@@ -340,6 +424,7 @@ int main(int argc, char **argv)
     for (int g = 0; g < ng; g++)
         joint_case(ctx, grids[g][0], grids[g][1]);
     refusals(ctx);
+    device_case(ctx);
     sdpa_context_destroy(ctx);
     int counts[2] = {passed, failed}, total[2];
     MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);

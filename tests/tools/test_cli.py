@@ -458,8 +458,9 @@ os.makedirs(bindir, exist_ok=True)
 for f in glob.glob(os.path.join(os.path.dirname(SDPA), "libsdpa.so*")):
     shutil.copy(f, libdir, follow_symlinks=False)
 shutil.copy(SDPA, bindir)
+plain_env = {k: v for k, v in os.environ.items() if k != "SDPA_CUDA_PLUGIN"}
 r = subprocess.run([os.path.join(bindir, os.path.basename(SDPA)), "info"], capture_output=True,
-                   text=True, cwd=libdir, env={**os.environ, "LD_LIBRARY_PATH": "."}, timeout=60)
+                   text=True, cwd=libdir, env={**plain_env, "LD_LIBRARY_PATH": "."}, timeout=60)
 cuda = [l for l in r.stdout.splitlines() if l.startswith("cuda ")]
 check(r.returncode == 0 and cuda and "SDPA_CUDA_PLUGIN=" not in cuda[0] and libdir in cuda[0],
       f"plugin looked for beside a library found through LD_LIBRARY_PATH=.: {cuda} {r.stderr!r}")
