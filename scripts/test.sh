@@ -6,7 +6,9 @@
 #                 (scripts/examples.sh); scripts/amx-check.sh --quick
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
-#                 the soak, the backward pass's cuts into tasks: SDPA_TEST_QUICK)
+#                 the soak, the backward pass's cuts into tasks), SDPA_TEST_QUICK:
+#                 the grid without its float64 reference (one thread against
+#                 two; the builds above compare every case with ref)
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
 #                 scripts/python-test.sh; the CUDA plugin built against the
