@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run.sh - the peer benchmark, f32 and bf16, on a suite (default
-# diffusion-cpu), raw output into bench/results/DATE-peers-{f32,bf16}.txt:
+# diffusion-cpu, then decode-cpu for the forward), raw output into
+# bench/results/DATE-peers-SUITE-{f32,bf16}.txt:
 #
 #   bench/peers/run.sh [--backward] [suite.tsv] [reps]
 #
@@ -20,7 +21,10 @@ if [ "${1:-}" = "--backward" ]; then
   what=peers-backward
   shift
 fi
-suite=${1:-bench/shapes/diffusion-cpu.tsv}
+# the default: the diffusion rows, then (forward) the few-query rows, so that
+# every run shows short calls too
+suites=${1:-bench/shapes/diffusion-cpu.tsv}
+[ -z "${1:-}" ] && [ ${#pass[@]} -eq 0 ] && suites="$suites bench/shapes/decode-cpu.tsv"
 reps=${2:-7}
 scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -30,6 +34,7 @@ if [ ! -x build-py/venv/bin/python ]; then
   build-py/venv/bin/pip install --quiet --disable-pip-version-check numpy torch
 fi
 day=$(date +%F)
+for suite in $suites; do
 name=$(basename "$suite" .tsv)
 for dtype in f32 bf16; do
   out="bench/results/$day-$what-$name-$dtype.txt"
@@ -39,4 +44,5 @@ for dtype in f32 bf16; do
   echo "run.sh: writing $out" >&2
   build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so --suite "$suite" \
     --dtype "$dtype" --reps "$reps" "${pass[@]}" | tee "$out"
+done
 done

@@ -736,9 +736,17 @@ static void task_short_fn(void *arg, int64_t task, int worker)
 #define SHORT_KEYS 512
 static int short_keys(const sdpa_call_desc *d) { return d->Skv <= SHORT_KEYS && d->Skv * d->D <= SHORT_KEYS * 128; }
 
+#ifndef TILED_PAIRS
+#include "flash_decode.h"
+#endif
+
 static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
+#ifndef TILED_PAIRS
+    if (decode_applies(c)) /* few queries per head: flash_decode.h */
+        return decode_run(self, c);
+#endif
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
     const int64_t D = d->D;

@@ -252,6 +252,15 @@ static tl_case mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, i
     return c;
 }
 
+/* Each kind of non-finite input (NaN in q, k or v, Inf, ...) on one shape. */
+static void nonfinite_cases(const char *backend, tl_case c)
+{
+    for (int v = TL_NAN_Q; v < TL_VALUES_COUNT; v++) {
+        c.values = (tl_values)v;
+        check_case(backend, &c);
+    }
+}
+
 static void grid(const char *backend)
 {
     printf("== %s\n", backend);
@@ -341,10 +350,32 @@ static void grid(const char *backend)
     check_case(backend, &c);
     c.layout = TL_STRIDED, c.values = TL_PEAKED;
     check_case(backend, &c);
-    for (int v = TL_NAN_Q; v < TL_VALUES_COUNT; v++) {
-        c = mk(2, 30, 29, 4, 2, 64);
-        c.values = (tl_values)v;
+    nonfinite_cases(backend, mk(2, 30, 29, 4, 2, 64));
+    /* At most 4 query rows per KV head (the tiled kernels' decode path,
+     * flash_decode.h): one token and a few against short and long key
+     * ranges, grouped-query rows of one KV head sharing a pass, KV heads
+     * taken together (BSHD: 32 per task and a group of 4 left over; cut
+     * further when few), keys cut into chunks and merged (two KV heads,
+     * 5000 keys), head dims with a tail (100), both causal alignments,
+     * every layout and dtype, peaked, and the non-finite values; 8 rows
+     * per KV head (the tiled path) as a control. */
+    {
+        static const int64_t few[][6] = {{1, 1, 1, 1, 1, 32},     {2, 1, 77, 24, 24, 128},
+                                         {1, 4, 300, 8, 8, 100},  {1, 2, 129, 16, 8, 64},
+                                         {1, 1, 5000, 8, 2, 128}, {2, 3, 2053, 4, 4, 64},
+                                         {1, 1, 16, 4, 1, 96},    {1, 2, 700, 32, 16, 72},
+                                         {1, 1, 900, 8, 1, 64},   {8, 1, 40, 36, 36, 32}};
+        for (size_t i = 0; i < sizeof few / sizeof *few; i++) {
+            c = mk(few[i][0], few[i][1], few[i][2], few[i][3], few[i][4], few[i][5]);
+            c.causal = (sdpa_causal)(i % 3), c.layout = (tl_layout)(i % 3);
+            c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
+            c.out_dtype = (sdpa_dtype)((i / 3) % SDPA_DTYPE_COUNT);
+            check_case(backend, &c);
+        }
+        c = mk(2, 4, 333, 8, 8, 64);
+        c.values = TL_PEAKED, c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         check_case(backend, &c);
+        nonfinite_cases(backend, mk(1, 2, 600, 4, 2, 64));
     }
     /* A huge finite scale: no undefined behaviour, the largest score wins. */
     c = mk(1, 40, 70, 2, 2, 64);

@@ -419,6 +419,16 @@ int main(void)
             tl_case big = {2, 150, 333, 2, 1, 40, causal == 0 ? SDPA_F32 : causal == 1 ? SDPA_F16 : SDPA_BF16, SDPA_F32,
                            (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0};
             one_case(&big, kinds[ki], backends, nb);
+            /* at most 4 query rows per KV head (the tiled kernels' decode
+             * path, flash_decode.h): grouped-query rows of one KV head
+             * together, and keys cut into chunks merged after (one KV
+             * head, 700 keys) */
+            tl_case few = {3, 2, 37, 8, 4, 24, SDPA_F32, SDPA_F32, (sdpa_causal)causal, TL_STRIDED,
+                           1, TL_UNIFORM, 0};
+            one_case(&few, kinds[ki], backends, nb);
+            tl_case split = {1, 1, 700, 4, 1, 40, causal == 1 ? SDPA_F16 : SDPA_BF16, SDPA_F32,
+                             (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0};
+            one_case(&split, kinds[ki], backends, nb);
         }
     bad_input();
     dispatch();

@@ -1,0 +1,367 @@
+/*
+ * flash_decode.h - the tiled CPU kernels' path for few query rows per KV
+ * head (grouped-query heads times Sq, at most DECODE_ROWS: a decode step,
+ * a text encoder with a cache, one token): included by flash_tiled.h (fp32
+ * products only), over the same vector vocabulary.
+ *
+ * A block of query tiles buys nothing with one query: packing K and V for
+ * it costs as much as using them, and 47 of a 48-lane block would be
+ * empty. Here K and V are read in place (f32 rows with unit D-stride; other
+ * dtypes are converted VL rows at a time), the rows of one KV head share
+ * one pass over its keys, and keys run along the lanes only at the end:
+ *
+ *   for VL keys at a time, for each KV head of the task, for each row r:
+ *     acc[j] = sum_d q_r[d] k_j[d]       (VL vector accumulators over d)
+ *     s_r    = the VL sums, one vector   (V_TRANSPOSE_REGS, then adds)
+ *     online softmax on s_r (max, exp, sum; O_r rescaled when the max moves)
+ *     O_r   += sum_j p_rj v_j            (over d, V's rows as they are)
+ *
+ * Such a step reads every key once and is bound by memory. In BSHD one
+ * head's consecutive keys are a row of all heads apart (4-32 KB), a page
+ * or more, where the hardware prefetchers do not follow; so a task takes
+ * several KV heads (up to DECODE_SLOTS rows) and reads all their rows of a
+ * key before the next key, along memory. Against one head per task that
+ * made a one-query step 1.9-2.8x faster (f32 and bf16, 8-32 heads, a
+ * Sapphire Rapids VM); software prefetching instead gained nothing.
+ *
+ * Why at most 4 rows per KV head: the tiled path's packed micro-kernel is
+ * as fast at 8 rows and 2-3x faster at 16 (each row here pays a transpose
+ * of VL accumulators per VL keys).
+ *
+ * Tasks are (batch, group of KV heads, chunk of keys). When a call has
+ * fewer than DECODE_TASKS (batch, group) pieces and many keys, its keys
+ * are cut into chunks whose partial results (O, max, sum) are merged in
+ * chunk order afterwards, as flash-decoding does; if there are still few,
+ * the groups are cut smaller. The cuts depend on the shape and the strides
+ * only, so results are bitwise the same for any thread count. A call whose
+ * whole work is below DECODE_INLINE multiply-adds runs on the calling
+ * thread alone: waking the pool costs more.
+ *
+ * Masks as everywhere (sdpa.h): lengths bound the keys and mark padding
+ * rows, causal limits each row, a key mask and a general mask hide keys
+ * lane by lane.
+ */
+#ifndef SDPA_FLASH_DECODE_H
+#define SDPA_FLASH_DECODE_H
+
+#define DECODE_ROWS 4       /* query rows per KV head up to which this path runs */
+#define DECODE_TASKS 16     /* fewer pieces than this: cut the keys too          */
+#define DECODE_KEYS 256     /* at least this many keys per key chunk             */
+#define DECODE_INLINE (1 << 19) /* multiply-adds below which the pool stays asleep */
+#define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
+
+typedef struct decode_job {
+    const sdpa_call *c;
+    int64_t group;       /* query heads per KV head                           */
+    int64_t rows;        /* rows per KV head: group * Sq                      */
+    int64_t hg_len, n_hg; /* KV heads per task, and groups of them per batch  */
+    int64_t n_kc;        /* chunks of keys per (batch, group of KV heads)     */
+    int64_t kc_len;      /* keys per key chunk (a multiple of VL)             */
+    int64_t Dp;          /* D rounded up to VL                                */
+    float *part;         /* n_kc > 1: partial results, [task][slot][Dp + 2]   */
+    float *ws;           /* [threads][per-thread workspace]                   */
+    size_t ws_floats;
+} decode_job;
+
+static int decode_applies(const sdpa_call *c)
+{
+    return c->desc.Hq / c->desc.Hkv * c->desc.Sq <= DECODE_ROWS;
+}
+
+/* Row r of a KV head's rows: query head and query. */
+static inline void decode_row(const decode_job *jb, int64_t hk, int64_t r, int64_t *h,
+                              int64_t *i)
+{
+    *h = hk * jb->group + r / jb->c->desc.Sq, *i = r % jb->c->desc.Sq;
+}
+
+/* A row of D elements of t at (b, s, h) as f32: the tensor's own memory
+ * when it is f32 with unit stride, else converted into `stage` (scaled by
+ * mul when it is a query; keys and values come with mul = 1). */
+static inline const float *decode_f32_row(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h,
+                                          int64_t D, float mul, float *stage)
+{
+    const void *src = sdpa__elem(t, sdpa__offset(t, b, s, h, 0));
+    if (t->dtype == SDPA_F32 && t->stride[3] == 1 && mul == 1.0f)
+        return src;
+    sdpa__load_row(src, t->dtype, t->stride[3], D, mul, stage);
+    return stage;
+}
+
+/* VL dot products of q with VL key rows into one vector (lane j: q . k_j). */
+static inline vec decode_dots(const float *q, const float *const *k, int64_t D)
+{
+    vec acc[VL];
+    for (int j = 0; j < VL; j++)
+        acc[j] = V_ZERO();
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL) {
+        const vec qv = V_LOAD(q + d);
+        for (int j = 0; j < VL; j++)
+            acc[j] = V_FMA(qv, V_LOAD(k[j] + d), acc[j]);
+    }
+    if (d < D) { /* the last part of the rows (their memory ends at D) */
+        const vec qv = V_LOAD_PART(q + d, (int)(D - d));
+        for (int j = 0; j < VL; j++)
+            acc[j] = V_FMA(qv, V_LOAD_PART(k[j] + d, (int)(D - d)), acc[j]);
+    }
+    V_TRANSPOSE_REGS(acc); /* acc[i] lane j: element i of k_j's products */
+    vec s = acc[0];
+    for (int i = 1; i < VL; i++)
+        s = V_ADD(s, acc[i]);
+    return s;
+}
+
+/* One row (slot) against one block of VL keys [j0, j0 + seen): scores,
+ * the online softmax's max and sum, and O += P V. */
+static inline void decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r,
+                                    int64_t j0, int seen, const float *q,
+                                    const float *const *krow, const float *const *vrow,
+                                    float *o, float *m, float *l)
+{
+    const sdpa_call *c = jb->c;
+    const int64_t D = c->desc.D, Dp = jb->Dp;
+    const sdpa_mask *mk = c->mask;
+    const uint8_t *key = mk && mk->key ? mk->key + b * mk->key_stride[0] : NULL;
+    float s_buf[VL];
+    V_STORE(s_buf, decode_dots(q, krow, D));
+    float bmax = -INFINITY;
+    unsigned weighed = 0; /* lanes whose value rows the output reads */
+    if (seen == VL && !key && !(mk && mk->general)) { /* every lane, no mask */
+        for (int j = 0; j < VL; j++)
+            bmax = s_buf[j] > bmax ? s_buf[j] : bmax; /* NaN: its p is NaN anyway */
+        weighed = (1u << (VL - 1) << 1) - 1;
+    } else {
+        int64_t h = 0, i = 0;
+        if (mk && mk->general)
+            decode_row(jb, hk, r, &h, &i);
+        for (int j = 0; j < VL; j++) {
+            if (j >= seen || (key && !key[(j0 + j) * mk->key_stride[1]])) {
+                s_buf[j] = -INFINITY;
+                continue;
+            }
+            if (mk && mk->general)
+                s_buf[j] =
+                    sdpa__mask_general(mk, sdpa__mask_at(mk, b, h, i, j0 + j), s_buf[j]);
+            if (s_buf[j] == -INFINITY)
+                continue; /* hidden by the mask: weighs nothing, reads nothing */
+            weighed |= 1u << j;
+            bmax = s_buf[j] > bmax ? s_buf[j] : bmax;
+        }
+    }
+    float *orow = o;
+    if (bmax > *m) { /* the max moved: rescale what the row holds */
+        const float alpha = *m == -INFINITY ? 0.0f : expf(*m - bmax);
+        const vec av = V_SET1(alpha);
+        for (int64_t dd = 0; dd < Dp; dd += VL)
+            V_STORE(orow + dd, V_MUL(V_LOAD(orow + dd), av));
+        *l *= alpha;
+        *m = bmax;
+    }
+    /* a row that saw only -inf keeps m = -inf: subtracting 0
+     * keeps exp(-inf) = 0 rather than NaN */
+    const float mu = *m == -INFINITY ? 0.0f : *m;
+    V_STORE(s_buf, V_EXP(V_SUB(V_LOAD(s_buf), V_SET1(mu))));
+    float sum = 0.0f;
+    for (int j = 0; j < VL; j++)
+        sum += s_buf[j];
+    *l += sum;
+    /* only the keys the row sees meet V: a hidden key's NaN or Inf
+     * in v must not reach it (0 * Inf) */
+    int64_t dd = 0;
+    if (weighed == (1u << (VL - 1) << 1) - 1) { /* every lane: no test per key */
+        for (; dd + VL <= D; dd += VL) {
+            vec acc = V_LOAD(orow + dd);
+            for (int j = 0; j < VL; j++)
+                acc = V_FMA(V_SET1(s_buf[j]), V_LOAD(vrow[j] + dd), acc);
+            V_STORE(orow + dd, acc);
+        }
+    }
+    for (; dd + VL <= D; dd += VL) {
+        vec acc = V_LOAD(orow + dd);
+        for (int j = 0; j < seen; j++)
+            if (weighed >> j & 1)
+                acc = V_FMA(V_SET1(s_buf[j]), V_LOAD(vrow[j] + dd), acc);
+        V_STORE(orow + dd, acc);
+    }
+    if (dd < D) {
+        vec acc = V_LOAD(orow + dd);
+        for (int j = 0; j < seen; j++)
+            if (weighed >> j & 1)
+                acc = V_FMA(V_SET1(s_buf[j]), V_LOAD_PART(vrow[j] + dd, (int)(D - dd)),
+                            acc);
+        V_STORE(orow + dd, acc);
+    }
+}
+
+/* One task: the rows of KV heads [hk0, hk1) of batch b against keys
+ * [k0, k1). Slot s = (hk - hk0) * rows + r holds row r of head hk. */
+static void decode_task(void *arg, int64_t task, int worker)
+{
+    const decode_job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const sdpa_call_desc *d = &c->desc;
+    const int64_t D = d->D, Dp = jb->Dp;
+    const int64_t kc = task % jb->n_kc, g = task / jb->n_kc % jb->n_hg;
+    const int64_t b = task / jb->n_kc / jb->n_hg, hk0 = g * jb->hg_len;
+    const int64_t hk1 = hk0 + jb->hg_len < d->Hkv ? hk0 + jb->hg_len : d->Hkv;
+    const int nr = (int)jb->rows, slots = (int)(hk1 - hk0) * nr;
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
+    const int64_t k0 = kc * jb->kc_len;
+    const int64_t k1 = k0 + jb->kc_len < len_kv ? k0 + jb->kc_len : len_kv;
+    /* the workspace: Q rows, O rows, m, l, and VL converted K and V rows */
+    float *w = jb->ws + jb->ws_floats * (size_t)worker;
+    float *q = w, *o = q + DECODE_SLOTS * Dp, *m = o + DECODE_SLOTS * Dp, *l = m + DECODE_SLOTS;
+    float *kst = l + DECODE_SLOTS, *vst = kst + VL * Dp;
+    int64_t limit[DECODE_ROWS]; /* keys row r sees, whatever its head: [0, limit) */
+    int64_t kmax = k0;
+    for (int r = 0; r < nr; r++) {
+        const int64_t i = r % d->Sq;
+        limit[r] = i < len_q ? sdpa_causal_visible_keys(c->causal, i, len_q, len_kv) : 0;
+        if (limit[r] > k1)
+            limit[r] = k1;
+        kmax = limit[r] > kmax ? limit[r] : kmax;
+    }
+    for (int sl = 0; sl < slots; sl++) {
+        int64_t h, i;
+        decode_row(jb, hk0 + sl / nr, sl % nr, &h, &i);
+        const float *src = decode_f32_row(c->q, b, i, h, D, (float)c->scale, q + sl * Dp);
+        if (src != q + sl * Dp)
+            memcpy(q + sl * Dp, src, sizeof(float) * (size_t)D);
+        m[sl] = -INFINITY, l[sl] = 0.0f;
+        memset(o + sl * Dp, 0, sizeof(float) * (size_t)Dp);
+    }
+    const float *krow[VL], *vrow[VL];
+    for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
+        const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
+        for (int64_t hk = hk0; hk < hk1; hk++) {
+            for (int j = 0; j < nk; j++) {
+                krow[j] = decode_f32_row(c->k, b, j0 + j, hk, D, 1.0f, kst + j * Dp);
+                vrow[j] = decode_f32_row(c->v, b, j0 + j, hk, D, 1.0f, vst + j * Dp);
+            }
+            for (int j = nk; j < VL; j++) /* past the keys: lanes computed on, then hidden */
+                krow[j] = krow[0], vrow[j] = vrow[0];
+            for (int r = 0; r < nr; r++) {
+                const int64_t ahead = limit[r] - j0;
+                const int sl = (int)(hk - hk0) * nr + r;
+                if (ahead > 0) /* else this row sees none of these keys */
+                    decode_block_row(jb, b, hk, r, j0, ahead < VL ? (int)ahead : VL, q + sl * Dp,
+                                     krow, vrow, o + sl * Dp, m + sl, l + sl);
+            }
+        }
+    }
+    if (jb->n_kc > 1) { /* partial results, merged in decode_merge */
+        float *p = jb->part + (size_t)task * (size_t)(DECODE_SLOTS * (Dp + 2));
+        for (int sl = 0; sl < slots; sl++) {
+            memcpy(p + sl * (Dp + 2), o + sl * Dp, sizeof(float) * (size_t)Dp);
+            p[sl * (Dp + 2) + Dp] = m[sl], p[sl * (Dp + 2) + Dp + 1] = l[sl];
+        }
+        return;
+    }
+    for (int sl = 0; sl < slots; sl++) {
+        int64_t h, i;
+        decode_row(jb, hk0 + sl / nr, sl % nr, &h, &i);
+        sdpa__store_result(c, b, i, h, o + sl * Dp, m[sl], i < len_q ? l[sl] : 0.0f, 0);
+    }
+}
+
+/* The key chunks' partial results of one (batch, group of KV heads),
+ * merged in chunk order: O = sum_c O_c e^(m_c - M), l likewise. */
+static void decode_merge(void *arg, int64_t piece, int worker)
+{
+    const decode_job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const int64_t Dp = jb->Dp, stride = DECODE_SLOTS * (Dp + 2);
+    const int64_t b = piece / jb->n_hg, hk0 = piece % jb->n_hg * jb->hg_len;
+    const int64_t hk1 = hk0 + jb->hg_len < c->desc.Hkv ? hk0 + jb->hg_len : c->desc.Hkv;
+    const int nr = (int)jb->rows, slots = (int)(hk1 - hk0) * nr;
+    float *o = jb->ws + jb->ws_floats * (size_t)worker;
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, b, &len_q, &len_kv);
+    const float *first = jb->part + (size_t)(piece * jb->n_kc) * (size_t)stride;
+    for (int sl = 0; sl < slots; sl++) {
+        float mx = -INFINITY;
+        for (int64_t kc = 0; kc < jb->n_kc; kc++) {
+            const float mc = first[kc * stride + sl * (Dp + 2) + Dp];
+            mx = mc > mx ? mc : mx;
+        }
+        float l = 0.0f;
+        memset(o, 0, sizeof(float) * (size_t)Dp);
+        for (int64_t kc = 0; kc < jb->n_kc; kc++) {
+            const float *p = first + kc * stride + sl * (Dp + 2);
+            const float lc = p[Dp + 1];
+            if (lc == 0.0f)
+                continue; /* a chunk that saw none of this row's keys */
+            const float w = expf(p[Dp] - mx); /* NaN m: NaN, as it should */
+            const vec wv = V_SET1(w);
+            for (int64_t dd = 0; dd < Dp; dd += VL)
+                V_STORE(o + dd, V_FMA(V_LOAD(p + dd), wv, V_LOAD(o + dd)));
+            l += lc * w;
+        }
+        int64_t h, i;
+        decode_row(jb, hk0 + sl / nr, sl % nr, &h, &i);
+        sdpa__store_result(c, b, i, h, o, mx, i < len_q ? l : 0.0f, 0);
+    }
+}
+
+static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
+{
+    (void)self;
+    const sdpa_call_desc *d = &c->desc;
+    decode_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.c = c;
+    jb.group = d->Hq / d->Hkv;
+    jb.rows = jb.group * d->Sq;
+    jb.Dp = (d->D + VL - 1) / VL * VL;
+    /* KV heads per task: with a head's keys a row of all heads apart (BSHD),
+     * a task takes every head's row of a key before the next key, so that
+     * its reads run along memory, page after page (up to DECODE_SLOTS rows:
+     * their Q and O stay in L1/L2); with each head's keys together, one
+     * head per task */
+    const int heads_inner = c->k->stride[2] < c->k->stride[1];
+    jb.hg_len = heads_inner ? DECODE_SLOTS / jb.rows : 1;
+    jb.hg_len = jb.hg_len < d->Hkv ? jb.hg_len : d->Hkv;
+    jb.n_hg = (d->Hkv + jb.hg_len - 1) / jb.hg_len;
+    int64_t pieces = d->B * jb.n_hg;
+    jb.n_kc = 1;
+    if (pieces < DECODE_TASKS) { /* few pieces, many keys: cut the keys */
+        const int64_t want = (DECODE_TASKS + pieces - 1) / pieces;
+        const int64_t most = d->Skv / DECODE_KEYS;
+        jb.n_kc = want < most ? want : most < 1 ? 1 : most;
+    }
+    jb.kc_len = ((d->Skv + jb.n_kc - 1) / jb.n_kc + VL - 1) / VL * VL;
+    jb.n_kc = (d->Skv + jb.kc_len - 1) / jb.kc_len;
+    if (jb.n_kc < 1)
+        jb.n_kc = 1;
+    if (pieces * jb.n_kc < DECODE_TASKS && jb.n_hg < d->Hkv) { /* still few: cut the heads */
+        const int64_t want = (DECODE_TASKS + d->B * jb.n_kc - 1) / (d->B * jb.n_kc);
+        jb.n_hg = want < d->Hkv ? want : d->Hkv;
+        jb.hg_len = (d->Hkv + jb.n_hg - 1) / jb.n_hg;
+        jb.n_hg = (d->Hkv + jb.hg_len - 1) / jb.hg_len;
+        pieces = d->B * jb.n_hg;
+    }
+    /* the calling thread alone for small work: a wake-up costs more */
+    const double macs = 2.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv *
+                        (double)d->D;
+    sdpa_pool *pool = macs < DECODE_INLINE ? NULL : c->pool;
+    const int threads = sdpa__pool_threads(pool);
+    jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 2 * VL * jb.Dp + 16);
+    const int64_t tasks = pieces * jb.n_kc;
+    const size_t part = jb.n_kc > 1 ? (size_t)tasks * (size_t)(DECODE_SLOTS * (jb.Dp + 2)) : 0;
+    const size_t bytes = sizeof(float) * (jb.ws_floats * (size_t)threads + part);
+    float *mem = sdpa__scratch(bytes);
+    if (!mem)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes for few queries",
+                          KERNEL_NAME, bytes);
+    jb.ws = mem;
+    jb.part = part ? mem + jb.ws_floats * (size_t)threads : NULL;
+    sdpa__parallel_for(pool, tasks, decode_task, &jb);
+    if (jb.n_kc > 1)
+        sdpa__parallel_for(pool, pieces, decode_merge, &jb);
+    sdpa__scratch_release(mem);
+    return SDPA_OK;
+}
+
+#endif
