@@ -42,6 +42,11 @@
  * almost never after the first key block of a row. Costs, the tiles'
  * budget and how they were measured: README "cpu.amx" and bench/amx_cost.c.
  *
+ * Pipeline: a task's blocks run in sequence, and the scores of each are
+ * computed during the softmax of the one before (into the second of two
+ * score buffers; the short path keeps two query blocks for it): see
+ * scores_step.
+ *
  * Accuracy against ref: P is rounded to bf16 (relative 2^-9) before the
  * second product, and f16 inputs are rounded to bf16 (2^-9 relative per
  * element); the polynomial's own relative error is 7.5e-5.
@@ -95,7 +100,7 @@ typedef struct amx_qblock {
 
 typedef struct amx_workspace {
     amx_qblock *qb;  /* [resident query blocks]                         */
-    float *s;        /* [BQ][kb] scores                                 */
+    float *s[2];     /* [BQ][kb] scores: this block's, the next block's */
     uint16_t *p;     /* [BQ][kb] bf16 P: A tiles of the second product  */
     uint16_t *stage; /* [32][Dp] rows converted to bf16 (f16, strided)  */
 } amx_workspace;
@@ -300,34 +305,74 @@ static void load_q(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     qb->o_live = 0;
 }
 
-/* S = Q K^T for the packed keys p0 .. p0 + bkp, 32 keys at a time.
- * Tiles (all 16 rows x 64 bytes): tmm0-3 sum C, tmm4-5 hold A, tmm6-7 B. */
-static void scores(const amx_job *jb, const amx_workspace *w, const amx_qblock *qb,
-                   const amx_slot *sl, int64_t p0, int bkp)
+/*
+ * S = Q K^T for the packed keys p0 .. p0 + bkp, as steps of one 32-key
+ * group and one 32-dim chunk: four tile loads and four products (tiles,
+ * all 16 rows x 64 bytes: tmm0-3 sum C, tmm4-5 hold A, tmm6-7 B), the
+ * group's C tiles stored to S after its last chunk.
+ *
+ * Why steps: the next block's scores are computed a step or two after each
+ * row of this block's softmax (scores_run), so that the tile unit and the
+ * vector units work at once. What it bought on the Sapphire Rapids VM
+ * (same process, interleaved, against the kernel that ran them one after
+ * the other): 0-12% on D = 128 long rows (median about 2-3%), nothing at
+ * D = 64/72. It cannot buy much there: tile loads and products do not
+ * overlap each other (a 1 KB tile load costs about 0.8 of a product), so
+ * the tiles alone are about 85% of the kernel's time and the softmax, with
+ * every product left in, adds only 13%. Half-row steps did no better.
+ */
+typedef struct amx_scores {
+    const amx_qblock *qb;
+    const uint16_t *k; /* the block's first packed K tile       */
+    float *s;          /* [BQ][kb] destination                  */
+    int step, steps;   /* done, and (bkp / 32) groups x chunks  */
+} amx_scores;
+
+static amx_scores scores_begin(const amx_job *jb, const amx_qblock *qb, const amx_slot *sl,
+                               int64_t p0, int bkp, float *s)
+{
+    const amx_scores a = {qb, sl->k + (p0 / 16) * (jb->Dp / 32) * 512, s, 0,
+                          bkp / 32 * (int)(jb->Dp / 32)};
+    return a;
+}
+
+static inline void scores_step(const amx_job *jb, amx_scores *a)
 {
     const int64_t Dp = jb->Dp, nch = Dp / 32, ld = jb->kb * 4;
-    const uint16_t *k = sl->k + (p0 / 16) * nch * 512;
-    for (int g = 0; g < bkp / 32; g++) {
+    const int64_t g = a->step / nch, ch = a->step % nch;
+    const uint16_t *q = a->qb->q;
+    if (ch == 0) {
         TILE_ZERO(0);
         TILE_ZERO(1);
         TILE_ZERO(2);
         TILE_ZERO(3);
-        for (int64_t ch = 0; ch < nch; ch++) {
-            TILE_LOAD(4, qb->q + ch * 32, Dp * 2);
-            TILE_LOAD(5, qb->q + 16 * Dp + ch * 32, Dp * 2);
-            TILE_LOAD(6, k + (2 * g * nch + ch) * 512, 64);
-            TILE_LOAD(7, k + ((2 * g + 1) * nch + ch) * 512, 64);
-            TILE_DPBF16PS(0, 4, 6);
-            TILE_DPBF16PS(1, 4, 7);
-            TILE_DPBF16PS(2, 5, 6);
-            TILE_DPBF16PS(3, 5, 7);
-        }
-        float *s = w->s + g * 32;
+    }
+    TILE_LOAD(4, q + ch * 32, Dp * 2);
+    TILE_LOAD(5, q + 16 * Dp + ch * 32, Dp * 2);
+    TILE_LOAD(6, a->k + (2 * g * nch + ch) * 512, 64);
+    TILE_LOAD(7, a->k + ((2 * g + 1) * nch + ch) * 512, 64);
+    TILE_DPBF16PS(0, 4, 6);
+    TILE_DPBF16PS(1, 4, 7);
+    TILE_DPBF16PS(2, 5, 6);
+    TILE_DPBF16PS(3, 5, 7);
+    if (ch == nch - 1) {
+        float *s = a->s + g * 32;
         TILE_STORE(0, s, ld);
         TILE_STORE(1, s + 16, ld);
         TILE_STORE(2, s + 16 * jb->kb, ld);
         TILE_STORE(3, s + 16 * jb->kb + 16, ld);
     }
+    a->step++;
+}
+
+/* The steps due once `done` of BQ rows of the softmax beside them are. */
+static inline void scores_run(const amx_job *jb, amx_scores *a, int done)
+{
+    if (!a)
+        return;
+    const int due = (int)((int64_t)a->steps * done / BQ);
+    while (a->step < due)
+        scores_step(jb, a);
 }
 
 /* O (+)= P V for the packed keys p0 .. p0 + bkp: O as C tiles, 32 head
@@ -520,20 +565,22 @@ static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t 
 }
 
 static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
-                    const amx_block *at)
+                    const amx_block *at, float *sbuf, amx_scores *ahead)
 {
     const flash_task *tk = at->tk;
     const sdpa_mask *mk = jb->c->mask && jb->c->mask->general ? jb->c->mask : NULL;
     const int nv = at->bkp / 16;
     const int64_t kb = jb->kb, Dv = jb->Dv;
     if (!at->causal && !mk) {
-        for (int r = 0; r < BQ; r++)
-            softmax_row(w->s + r * kb, w->p + r * kb, nv, at->bk, jb->c_log2, qb, r, Dv);
+        for (int r = 0; r < BQ; r++) {
+            softmax_row(sbuf + r * kb, w->p + r * kb, nv, at->bk, jb->c_log2, qb, r, Dv);
+            scores_run(jb, ahead, r + 1);
+        }
         return;
     }
     int64_t seen = 0; /* with kidx: the keys of the block row r sees (ascending in r) */
     for (int r = 0; r < BQ; r++) {
-        float *s = w->s + r * kb;
+        float *s = sbuf + r * kb;
         int limit = at->bk;
         if (at->causal) {
             const int64_t last = at->i0 + r + tk->offset; /* the last key number it sees */
@@ -554,6 +601,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
             c = 1.0f;
         }
         softmax_row(s, w->p + r * kb, nv, limit, c, qb, r, Dv);
+        scores_run(jb, ahead, r + 1);
     }
 }
 
@@ -605,19 +653,68 @@ static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task 
     }
 }
 
-/* Query block qb (rows i0..) against the key block of packed keys p0.. */
-static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
-                  const flash_task *tk, int64_t i0, int64_t p0, int bk)
+/* Whether the query block of rows i0.. sees any key of the block of packed
+ * keys p0.. (causal calls skip those it does not). */
+static int block_sees(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t i0,
+                      int64_t p0)
 {
     const int rows = flash_block_rows(jb->split.rows, i0, BQ);
-    const int64_t k_first = flash_key(sl->kidx, p0), k_last = flash_key(sl->kidx, p0 + bk - 1);
-    if (tk->causal && k_first > i0 + rows - 1 + tk->offset)
-        return; /* this query block sees none of these keys */
+    return !tk->causal || flash_key(sl->kidx, p0) <= i0 + rows - 1 + tk->offset;
+}
+
+/* A task's blocks run in a sequence, each block's scores computed during
+ * the softmax of the one before: w->s[cur] holds the next block's when
+ * `ready`. */
+typedef struct amx_pipe {
+    int cur, ready;
+} amx_pipe;
+
+/* The block the pipeline runs next, if any: query block qb of rows i0..,
+ * packed keys p0 .. p0 + bk. */
+typedef struct amx_next {
+    const amx_qblock *qb;
+    int64_t p0;
+    int bk;
+} amx_next;
+
+/* Query block qb (rows i0..), which sees some of them, against the key
+ * block of packed keys p0..; the scores of `next` during its softmax. */
+static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
+                  const flash_task *tk, int64_t i0, int64_t p0, int bk, amx_pipe *pp,
+                  const amx_next *next)
+{
+    const int rows = flash_block_rows(jb->split.rows, i0, BQ);
+    const int64_t k_last = flash_key(sl->kidx, p0 + bk - 1);
     const amx_block at = {tk, i0, rows, p0, bk, (bk + 31) / 32 * 32, sl->kidx,
                           tk->causal && k_last > i0 + tk->offset};
-    scores(jb, w, qb, sl, p0, at.bkp);
-    softmax(jb, w, qb, &at);
+    float *s = w->s[pp->cur];
+    if (!pp->ready) {
+        amx_scores now = scores_begin(jb, qb, sl, p0, at.bkp, s);
+        scores_run(jb, &now, BQ);
+    }
+    amx_scores ahead, *ah = NULL;
+    if (next) {
+        ahead = scores_begin(jb, next->qb, sl, next->p0, (next->bk + 31) / 32 * 32,
+                             w->s[pp->cur ^ 1]);
+        ah = &ahead;
+    }
+    softmax(jb, w, qb, &at, s, ah);
+    scores_run(jb, ah, BQ);
     values(jb, w, qb, sl, p0, at.bkp);
+    pp->cur ^= 1;
+    pp->ready = next != NULL;
+}
+
+/* From (q, p0) on, in the order the long path runs (query blocks within a
+ * key block), the first block that sees keys; 0 when none is left. */
+static int next_seen(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t nk,
+                     int *q, int64_t *p0)
+{
+    for (; *p0 < nk; *p0 += jb->kb, *q = 0)
+        for (; *q < tk->nqb; ++*q)
+            if (block_sees(jb, sl, tk, tk->i_first + (int64_t)*q * BQ, *p0))
+                return 1;
+    return 0;
 }
 
 /* Product task: a group of query blocks of one row space of the packing
@@ -658,18 +755,27 @@ static void amx_task(void *arg, int64_t task, int worker)
         nk = tk.kv_end;
     }
     amx_tiles_take();
-    if (jb->is_short) { /* every key in one block: one query block at a time */
-        amx_qblock *qb = &w->qb[0];
+    amx_pipe pp = {0, 0};
+    if (jb->is_short) { /* every key in one block: a query block at a time, two resident */
+        if (tk.nqb > 0)
+            load_q(jb, w, &w->qb[0], &tk, tk.i_first,
+                   flash_block_rows(jb->split.rows, tk.i_first, BQ));
         for (int q = 0; q < tk.nqb; q++) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             const int rows = flash_block_rows(jb->split.rows, i0, BQ);
-            load_q(jb, w, qb, &tk, i0, rows);
-            if (q + 1 < tk.nqb) /* the next block's Q during this block's products */
-                flash_prefetch_rows(c->q, &tk, i0 + BQ, flash_block_rows(jb->split.rows, i0 + BQ, BQ),
-                              d->D, 0);
+            amx_qblock *qb = &w->qb[q & 1];
+            amx_next next = {&w->qb[(q + 1) & 1], 0, (int)nk};
+            const int has_next = q + 1 < tk.nqb;
+            if (has_next) /* the next block's Q now: its scores run during this softmax */
+                load_q(jb, w, &w->qb[(q + 1) & 1], &tk, i0 + BQ,
+                       flash_block_rows(jb->split.rows, i0 + BQ, BQ));
+            if (q + 2 < tk.nqb)
+                flash_prefetch_rows(c->q, &tk, i0 + 2 * BQ,
+                                    flash_block_rows(jb->split.rows, i0 + 2 * BQ, BQ), d->D, 0);
             flash_prefetch_rows(c->out, &tk, i0, rows, d->D, 1);
-            if (nk > 0)
-                block(jb, w, qb, sl, &tk, i0, 0, (int)nk);
+            if (nk > 0 && block_sees(jb, sl, &tk, i0, 0))
+                block(jb, w, qb, sl, &tk, i0, 0, (int)nk, &pp,
+                      has_next && block_sees(jb, sl, &tk, i0 + BQ, 0) ? &next : NULL);
             store_out(jb, qb, &tk, i0, rows);
         }
     } else { /* query blocks resident, key blocks streaming past once */
@@ -677,17 +783,24 @@ static void amx_task(void *arg, int64_t task, int worker)
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             load_q(jb, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
         }
-        for (int64_t p0 = 0; p0 < nk; p0 += jb->kb) {
+        int q = 0;
+        int64_t p0 = 0;
+        int more = next_seen(jb, sl, &tk, nk, &q, &p0);
+        while (more) {
+            const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             const int bk = (int)(nk - p0 < jb->kb ? nk - p0 : jb->kb);
-            for (int q = 0; q < tk.nqb; q++) {
-                const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-                if (p0 + jb->kb >= nk) /* the last key block: its output rows come next */
-                    flash_prefetch_rows(c->out, &tk, i0, flash_block_rows(jb->split.rows, i0, BQ),
-                                        d->D, 1);
-                block(jb, w, &w->qb[q], sl, &tk, i0, p0, bk);
-            }
+            int qn = q + 1;
+            int64_t pn = p0;
+            more = next_seen(jb, sl, &tk, nk, &qn, &pn);
+            const amx_next next = {&w->qb[qn < tk.nqb ? qn : 0], pn,
+                                   (int)(nk - pn < jb->kb ? nk - pn : jb->kb)};
+            if (p0 + jb->kb >= nk) /* the last key block: its output rows come next */
+                flash_prefetch_rows(c->out, &tk, i0, flash_block_rows(jb->split.rows, i0, BQ),
+                                    d->D, 1);
+            block(jb, w, &w->qb[q], sl, &tk, i0, p0, bk, &pp, more ? &next : NULL);
+            q = qn, p0 = pn;
         }
-        for (int q = 0; q < tk.nqb; q++) {
+        for (q = 0; q < tk.nqb; q++) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             store_out(jb, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
         }
@@ -737,9 +850,9 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     const int64_t Dp = jb.Dp, Dv = jb.Dv, kb = jb.kb, kv_rows = d->B * d->Hkv;
     const int key_mask = c->mask && c->mask->key;
     /* per thread: resident query blocks, S, P, a stage of 32 rows */
-    const int resident = jb.is_short ? 1 : jb.split.qb_per_task;
+    const int resident = jb.is_short ? 2 : jb.split.qb_per_task;
     const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dv * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
-    const size_t per_thread = per_qb * (size_t)resident + R64(BQ * kb * 4) + R64(BQ * kb * 2) +
+    const size_t per_thread = per_qb * (size_t)resident + 2 * R64(BQ * kb * 4) + R64(BQ * kb * 2) +
                               R64(32 * Dp * 2);
     /* per slot: packed K and V, the visible keys under a key mask */
     const size_t per_slot =
@@ -768,10 +881,12 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
             w->qb[q].m = (float *)p, p += R64(BQ * 4);
             w->qb[q].l = (float *)p, p += R64(BQ * 16 * 4);
         }
-        w->s = (float *)p, p += R64(BQ * kb * 4);
+        for (int i = 0; i < 2; i++) {
+            w->s[i] = (float *)p, p += R64(BQ * kb * 4);
 #ifdef SDPA_AMX_NO_TILES
-        memset(w->s, 0, sizeof(float) * (size_t)(BQ * kb)); /* never written by tiles here */
+            memset(w->s[i], 0, sizeof(float) * (size_t)(BQ * kb)); /* never written by tiles */
 #endif
+        }
         w->p = (uint16_t *)p, p += R64(BQ * kb * 2);
         w->stage = (uint16_t *)p, p += R64(32 * Dp * 2);
     }
