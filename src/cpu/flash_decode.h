@@ -1,8 +1,12 @@
 /*
- * flash_decode.h - the tiled CPU kernels' path for few query rows per KV
- * head (grouped-query heads times Sq, at most DECODE_ROWS: a decode step,
- * a text encoder with a cache, one token): included by flash_tiled.h (fp32
- * products only), over the same vector vocabulary.
+ * flash_decode.h - the CPU kernels' path for few query rows per KV head
+ * (grouped-query heads times Sq, at most DECODE_ROWS: a decode step, a
+ * text encoder with a cache, one token), fp32 products over a vector
+ * vocabulary: included by flash_tiled.h (cpu.avx512, cpu.avx2) and by
+ * cpu.portable's flash_portable.c (vec_portable.h). The kernels with bf16
+ * products (cpu.avx512bf16, cpu.amx) run cpu.avx512's build of it
+ * (avx512/decode_avx512.h): with one query, pairs and tiles buy nothing
+ * (K and V are read once either way) and their packing costs 1.6-4.3x.
  *
  * A block of query tiles buys nothing with one query: packing K and V for
  * it costs as much as using them, and 47 of a 48-lane block would be
@@ -307,7 +311,6 @@ static void decode_merge(void *arg, int64_t piece, int worker)
 
 static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
 {
-    (void)self;
     const sdpa_call_desc *d = &c->desc;
     decode_job jb;
     memset(&jb, 0, sizeof jb);
@@ -354,7 +357,7 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     float *mem = sdpa__scratch(bytes);
     if (!mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes for few queries",
-                          KERNEL_NAME, bytes);
+                          self->name, bytes);
     jb.ws = mem;
     jb.part = part ? mem + jb.ws_floats * (size_t)threads : NULL;
     sdpa__parallel_for(pool, tasks, decode_task, &jb);

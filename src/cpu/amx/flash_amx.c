@@ -42,6 +42,11 @@
  * almost never after the first key block of a row. Costs, the tiles'
  * budget and how they were measured: README "cpu.amx" and bench/amx_cost.c.
  *
+ * Few queries (at most four rows per KV head: a decode step, one token):
+ * cpu.avx512's few-query path (avx512/decode_avx512.h), fp32 products on
+ * K and V read in place; packing tiles for one row costs more than the
+ * products.
+ *
  * Pipeline: a task's blocks run in sequence, and the scores of each are
  * computed during the softmax of the one before (into the second of two
  * score buffers; the short path keeps two query blocks for it): see
@@ -69,6 +74,7 @@
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../flash_tasks.h"
+#include "../avx512/decode_avx512.h"
 #include "../avx512/vec_avx512.h"
 
 #include <immintrin.h>
@@ -832,6 +838,8 @@ static void slot_keys(const sdpa_call *c, amx_slot *sl, int64_t bh)
 
 static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
 {
+    if (sdpa__cpu_avx512_decode_applies(c)) /* few queries per head: no tiles for one row */
+        return sdpa__cpu_avx512_decode_run(self, c);
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
     amx_job jb;

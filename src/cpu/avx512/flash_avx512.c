@@ -9,6 +9,7 @@
  *
  * Vectors and exp: vec_avx512.h.
  */
+#include "decode_avx512.h"
 #include "vec_avx512.h"
 
 #define QV 3
@@ -22,4 +23,11 @@ sdpa_status sdpa__cpu_avx512_run(const sdpa_backend *self, const sdpa_call *call
 sdpa_status sdpa__cpu_avx512_run(const sdpa_backend *self, const sdpa_call *call)
 {
     return tiled_run(self, call);
+}
+
+int sdpa__cpu_avx512_decode_applies(const sdpa_call *call) { return decode_applies(call); }
+
+sdpa_status sdpa__cpu_avx512_decode_run(const sdpa_backend *self, const sdpa_call *call)
+{
+    return decode_run(self, call);
 }

@@ -13,6 +13,7 @@
  * For CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later, Intel Cooper
  * Lake); where AMX is usable, cpu.amx comes first.
  */
+#include "../avx512/decode_avx512.h"
 #include "../avx512/vec_avx512.h"
 
 #include <stdint.h>
@@ -47,5 +48,7 @@ static inline __m512i pair_order(void)
 sdpa_status sdpa__cpu_avx512bf16_run(const sdpa_backend *self, const sdpa_call *call);
 sdpa_status sdpa__cpu_avx512bf16_run(const sdpa_backend *self, const sdpa_call *call)
 {
+    if (sdpa__cpu_avx512_decode_applies(call)) /* few queries per head */
+        return sdpa__cpu_avx512_decode_run(self, call);
     return tiled_run(self, call);
 }

@@ -19,12 +19,18 @@
  *
  * Results do not depend on the thread count (each row is owned by one task
  * and accumulates keys in a fixed order): deterministic.
+ *
+ * At most four query rows per KV head (a decode step, one token) take the
+ * few-query path instead (../flash_decode.h over vec_portable.h): K and V
+ * read in place, no tiles to convert for a single row.
  */
 #include "../../core/convert.h"
 #include "../../core/backend.h"
 #include "../exp_portable.h"
 #include "../flash_tasks.h"
 #include "../mask_row.h"
+#include "vec_portable.h"
+#include "../flash_decode.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -221,7 +227,8 @@ static void portable_task(void *arg, int64_t task, int worker)
 
 static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
 {
-    (void)self;
+    if (decode_applies(c)) /* few queries per head */
+        return decode_run(self, c);
     const int threads = sdpa__pool_threads(c->pool);
     const int Dp = round_up((int)c->desc.D, NR);
     /* q, kraw, kt, v, o: Dp x 64 each; s: 64 x 64; m, l: 64 each. */

@@ -1,6 +1,7 @@
 /*
- * vec_portable.h - the backward framework's vector vocabulary
- * (../flash_backward.h) in portable C11: a "vector" is a struct of 8
+ * vec_portable.h - the vector vocabulary of the backward framework
+ * (../flash_backward.h) and the few-query path (../flash_decode.h) in
+ * portable C11: a "vector" is a struct of 8
  * floats and every operation a counted loop over them, which compilers
  * turn into whatever SIMD the target has (SSE2 on any x86-64, NEON on
  * AArch64) once inlined. No intrinsics, so cpu.portable keeps running on
@@ -67,7 +68,29 @@ static inline vec v_exp(vec a)
     return a;
 }
 
+/* The first n floats of p, the rest zero (nothing past them is read). */
+static inline vec v_load_part(const float *p, int n)
+{
+    vec r;
+    for (int i = 0; i < VL; i++)
+        r.x[i] = i < n ? p[i] : 0.0f;
+    return r;
+}
+
+/* r[i] lane j becomes r[j] lane i. */
+static inline void v_transpose(vec r[VL])
+{
+    for (int i = 0; i < VL; i++)
+        for (int j = i + 1; j < VL; j++) {
+            const float t = r[i].x[j];
+            r[i].x[j] = r[j].x[i];
+            r[j].x[i] = t;
+        }
+}
+
 #define V_LOAD(p) v_load(p)
+#define V_LOAD_PART(p, n) v_load_part((p), (n))
+#define V_TRANSPOSE_REGS(r) v_transpose(r)
 #define V_STORE(p, x) v_store((p), (x))
 #define V_SET1(x) v_set1(x)
 #define V_ZERO() v_set1(0.0f)
