@@ -10,6 +10,12 @@
  * --backward times sdpa_backward instead (from the out and LSE of one
  * forward call, a random dout), counting its five products: 2.5 times the
  * forward's FLOPs.
+ *
+ * Rows with few query rows per KV head (at most FEW_ROWS: decode steps)
+ * are bound by memory, not by the FMA rate: for them a streaming read of
+ * the row's own K and V by as many threads (stream.h) takes a turn in
+ * every round, and %bw is that read's median time over each backend's
+ * (100% = K and V read once at the speed the machine reads them).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "commands.h"
@@ -17,6 +23,7 @@
 #include "sp.h"
 #endif
 #include "output.h"
+#include "stream.h"
 #include "tool.h"
 #include "suite.h"
 
@@ -26,6 +33,16 @@
 #include <time.h>
 
 #define MAX_BENCH_BACKENDS 16
+#define FEW_ROWS 16 /* query rows per KV head up to which %bw is measured */
+
+/* Bytes of a tensor's memory from its first element to its last. */
+static size_t tensor_span(const sdpa_tensor *t)
+{
+    int64_t last = 0;
+    for (int i = 0; i < 4; i++)
+        last += (t->size[i] - 1) * t->stride[i];
+    return (size_t)(last + 1) * sdpa_dtype_size(t->dtype);
+}
 
 /*
  * GFLOP/s per backend per row as grouped bars, with the measured ceiling
@@ -240,12 +257,18 @@ int cmd_bench(int argc, char **argv)
             printf("# ceiling: AMX bf16 peak %.0f GFLOP/s (TDPBF16PS probe, this run); "
                    "cpu.amx's %%peak is of this one\n",
                    amx_ceiling);
-        printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s %6s %10s %7s  %s\n",
+        if (!backward)
+            printf("# bandwidth: on rows with at most %d query rows per KV head, %%bw = the "
+                   "median time of a streaming read of the row's K and V (%d threads, a turn in "
+                   "every round) over the backend's\n",
+                   FEW_ROWS, sdpa_context_threads(ctx));
+        printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s %6s %10s %7s %5s  %s\n",
                "row", "B", "Sq", "Skv", "Hq", "Hkv", "D", "causal", "backend", "median_ms",
-               "min_ms", "max_ms", "GFLOP/s", "%peak", "x portable", "x blas", "");
+               "min_ms", "max_ms", "GFLOP/s", "%peak", "x portable", "x blas", "%bw", "");
     }
 
-    double *t = malloc(sizeof(double) * (size_t)reps * MAX_BENCH_BACKENDS);
+    double *t = malloc(sizeof(double) * (size_t)reps * (MAX_BENCH_BACKENDS + 1));
+    stream_reader *reader = NULL; /* made at the first few-query row */
     static double plot_gf[MAX_ROWS * MAX_BENCH_BACKENDS];
     if (!t) {
         sdpa_context_destroy(ctx);
@@ -299,9 +322,19 @@ int cmd_bench(int argc, char **argv)
                 snprintf(refused[b], sizeof refused[b], "%s: %s", sdpa_status_string(st),
                          sdpa_last_error());
         }
+        /* few query rows: the streaming read of K and V takes turn nb */
+        const int few = !backward && d->Hq / d->Hkv * d->Sq <= FEW_ROWS &&
+                        (reader || (reader = stream_reader_make(sdpa_context_threads(ctx))));
+        const void *kv_mem[2] = {tk.data, tv.data};
+        const size_t kv_bytes[2] = {tensor_span(&tk), tensor_span(&tv)};
+        double *tbw = t + (size_t)reps * MAX_BENCH_BACKENDS, bw_med = 0;
         for (long long rep = 0; rep < reps; rep++)
-            for (int j = 0; j < nb; j++) {
-                int b = (int)((j + rep) % nb);
+            for (int j = 0; j < nb + few; j++) {
+                int b = (int)((j + rep) % (nb + few));
+                if (b == nb) {
+                    tbw[rep] = stream_read_ms(reader, kv_mem, kv_bytes, 2);
+                    continue;
+                }
                 if (refused[b][0])
                     continue;
                 sdpa_params p = SDPA_PARAMS_DEFAULT;
@@ -320,6 +353,10 @@ int cmd_bench(int argc, char **argv)
                              sdpa_status_string(st), sdpa_last_error());
                 }
             }
+        if (few) {
+            qsort(tbw, (size_t)reps, sizeof(double), cmp_double);
+            bw_med = reps % 2 ? tbw[reps / 2] : 0.5 * (tbw[reps / 2 - 1] + tbw[reps / 2]);
+        }
         double med[MAX_BENCH_BACKENDS];
         int winner = -1;
         for (int b = 0; b < nb; b++) {
@@ -373,6 +410,10 @@ int cmd_bench(int argc, char **argv)
                     printf(",\"speedup_vs_portable\":%.3f", vs_portable);
                 if (vs_blas > 0)
                     printf(",\"speedup_vs_blas\":%.3f", vs_blas);
+                if (few && !refused[b][0])
+                    printf(",\"pct_bandwidth\":%.2f,\"stream_gbps\":%.2f",
+                           100.0 * bw_med / med[b],
+                           (double)(kv_bytes[0] + kv_bytes[1]) / (bw_med * 1e6));
                 printf(",\"reps\":%lld,\"threads\":%d,\"winner\":%s,\"chosen\":\"%s\"}\n", reps,
                        sdpa_context_threads(ctx), b == winner ? "true" : "false", chosen);
             } else if (refused[b][0]) {
@@ -382,20 +423,26 @@ int cmd_bench(int argc, char **argv)
                        d->causal ? "yes" : "no", names[b], refused[b]);
                 /* printed as "refused: STATUS: message" */
             } else {
-                char rp[16] = "-", rb[16] = "-";
+                char rp[16] = "-", rb[16] = "-", rw[16] = "-";
                 if (vs_portable > 0)
                     snprintf(rp, sizeof rp, "%.2f", vs_portable);
                 if (vs_blas > 0)
                     snprintf(rb, sizeof rb, "%.2f", vs_blas);
+                if (few)
+                    snprintf(rw, sizeof rw, "%.0f%%", 100.0 * bw_med / med[b]);
                 printf("%-20s %2lld %6lld %6lld %3lld %3lld %4lld %-6s  %-14s %10.3f %10.3f "
-                       "%10.3f %9.2f %5.1f%% %10s %7s  %s%s%s\n",
+                       "%10.3f %9.2f %5.1f%% %10s %7s %5s  %s%s%s\n",
                        rows[r].name, (long long)d->B, (long long)d->Sq, (long long)d->Skv,
                        (long long)d->Hq, (long long)d->Hkv, (long long)d->D,
-                       d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf, pct, rp, rb,
+                       d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf, pct, rp, rb, rw,
                        b == winner ? "winner " : "",
                        strcmp(names[b], chosen) == 0 ? "chosen " : "", padded);
             }
         }
+        if (!json && few)
+            printf("#   %s: K and V %.1f MB, streamed in %.3f ms (median) = %.1f GB/s\n",
+                   rows[r].name, (double)(kv_bytes[0] + kv_bytes[1]) / 1e6, bw_med,
+                   (double)(kv_bytes[0] + kv_bytes[1]) / (bw_med * 1e6));
         if (!json && strcmp(chosen, "-") != 0) {
             int listed = 0;
             for (int b = 0; b < nb; b++)
@@ -409,6 +456,7 @@ int cmd_bench(int argc, char **argv)
         problem_free(&pb);
     }
     free(t);
+    stream_reader_free(reader);
     suite_print_unclaimed(json);
     if (rc == 0 && failed)
         rc = 1; /* a backend that takes the call failed it: say so in the exit code */

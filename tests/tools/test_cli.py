@@ -669,6 +669,18 @@ else:
     print(f"SKIP bench --suite smoke.tsv: {smoke} not found")
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "2", "--json")
 check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["backend"], f"bench shape: {r.stderr}")
+# few query rows per KV head: a streaming read of K and V in every round, %bw beside each
+# backend; rows with more query rows have none
+r = sdpa("bench", "--shape", "1,1,700,4,2,64", "--reps", "3", "--json",
+         "--backends", "cpu.portable,ref")
+recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+check(r.returncode == 0 and recs and all(x["pct_bandwidth"] > 0 and x["stream_gbps"] > 0
+                                         for x in recs), f"bench %bw: {r.stdout} {r.stderr}")
+r = sdpa("bench", "--shape", "1,1,700,4,2,64", "--reps", "1", "--backends", "cpu.portable")
+check(r.returncode == 0 and "%bw" in r.stdout and "K and V 0.7 MB, streamed in" in r.stdout,
+      f"bench %bw text: {r.stdout}")
+r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--json", "--backends", "cpu.portable")
+check(r.returncode == 0 and "pct_bandwidth" not in r.stdout, f"bench no %bw: {r.stdout}")
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--plot", path("b.svg"))
 check(r.returncode == 0 and os.path.exists(path("b.svg")) and
       open(path("b.svg")).read().startswith("<svg") and "GFLOP/s" in open(path("b.svg")).read(),
