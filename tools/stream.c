@@ -54,6 +54,17 @@ static inline uint64_t sum64(const unsigned char *p)
  * be a bound.
  */
 #define SUBSTREAMS 4
+
+/* Thread t's bytes [lo, hi) of buffer b, and the length of each part. */
+static void share(const struct stream_reader *r, int b, int t, size_t *lo, size_t *hi,
+                  size_t *part)
+{
+    const size_t per = (r->bytes[b] + (size_t)r->threads - 1) / (size_t)r->threads;
+    *lo = per * (size_t)t < r->bytes[b] ? per * (size_t)t : r->bytes[b];
+    *hi = *lo + per < r->bytes[b] ? *lo + per : r->bytes[b];
+    *part = (*hi - *lo) / SUBSTREAMS / 64 * 64;
+}
+
 static void read_part(struct stream_reader *r, int t)
 {
     const unsigned char *at[MAX_BUFS * SUBSTREAMS];
@@ -61,10 +72,8 @@ static void read_part(struct stream_reader *r, int t)
     int ns = 0;
     uint64_t sum = 0;
     for (int b = 0; b < r->n; b++) {
-        const size_t per = (r->bytes[b] + (size_t)r->threads - 1) / (size_t)r->threads;
-        const size_t lo = per * (size_t)t < r->bytes[b] ? per * (size_t)t : r->bytes[b];
-        const size_t hi = lo + per < r->bytes[b] ? lo + per : r->bytes[b];
-        const size_t part = (hi - lo) / SUBSTREAMS / 64 * 64;
+        size_t lo, hi, part;
+        share(r, b, t, &lo, &hi, &part);
         for (int k = 0; k < SUBSTREAMS; k++)
             at[ns++] = r->buf[b] + lo + (size_t)k * part;
         len = part < len ? part : len;
@@ -78,10 +87,8 @@ static void read_part(struct stream_reader *r, int t)
             sum += sum64(at[k] + i);
     /* parts of a buffer longer than the shortest: their rest, in turn */
     for (int b = 0; b < r->n; b++) {
-        const size_t per = (r->bytes[b] + (size_t)r->threads - 1) / (size_t)r->threads;
-        const size_t lo = per * (size_t)t < r->bytes[b] ? per * (size_t)t : r->bytes[b];
-        const size_t hi = lo + per < r->bytes[b] ? lo + per : r->bytes[b];
-        const size_t part = (hi - lo) / SUBSTREAMS / 64 * 64;
+        size_t lo, hi, part;
+        share(r, b, t, &lo, &hi, &part);
         for (int k = 0; k < SUBSTREAMS; k++)
             for (size_t i = len; i < part; i += 64)
                 sum += sum64(r->buf[b] + lo + (size_t)k * part + i);
