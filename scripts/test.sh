@@ -8,7 +8,8 @@
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
 #                 the soak, the backward pass's cuts into tasks), SDPA_TEST_QUICK:
 #                 the grid without its float64 reference (one thread against
-#                 two; the builds above compare every case with ref)
+#                 two; the builds above compare every case with ref), and
+#                 without cpu.amx-emulated where cpu.amx runs on real tiles
 #   build-py/     the Python package: its wheel, and its tests in two virtual
 #                 environments (torch and diffusers; numpy alone), see
 #                 scripts/python-test.sh; the CUDA plugin built against the
