@@ -28,9 +28,13 @@
  * made a one-query step 1.9-2.8x faster (f32 and bf16, 8-32 heads, a
  * Sapphire Rapids VM); software prefetching instead gained nothing.
  *
- * Why at most 4 rows per KV head: the tiled path's packed micro-kernel is
- * as fast at 8 rows and 2-3x faster at 16 (each row here pays a transpose
- * of VL accumulators per VL keys).
+ * Why at most 8 rows per KV head: from 16 rows the tiled path's packed
+ * micro-kernel is 2-3x faster (each row here pays a transpose of VL
+ * accumulators per VL keys). At 8 (one query, grouped-query 8:1 or MQA
+ * with 8 heads) this path was 1.1-2.8x the tiled one against 1024-8192
+ * keys, f32 and bf16, and 0.8-1.0x against 256 (sdpa bench, Sapphire
+ * Rapids VM, the two builds run in turn); with 4 the limit before, such
+ * calls packed K and V for one query per head.
  *
  * Tasks are (batch, group of KV heads, chunk of keys). When a call has
  * fewer than DECODE_TASKS (batch, group) pieces and many keys, its keys
@@ -48,7 +52,7 @@
 #ifndef SDPA_FLASH_DECODE_H
 #define SDPA_FLASH_DECODE_H
 
-#define DECODE_ROWS 4       /* query rows per KV head up to which this path runs */
+#define DECODE_ROWS 8       /* query rows per KV head up to which this path runs */
 #define DECODE_TASKS 16     /* fewer pieces than this: cut the keys too          */
 #define DECODE_KEYS 256     /* at least this many keys per key chunk             */
 #define DECODE_INLINE (1 << 19) /* multiply-adds below which the pool stays asleep */

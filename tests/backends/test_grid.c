@@ -369,20 +369,22 @@ static void grid(const char *backend)
     c.layout = TL_STRIDED, c.values = TL_PEAKED;
     check_case(backend, &c);
     nonfinite_cases(backend, mk(2, 30, 29, 4, 2, 64));
-    /* At most 4 query rows per KV head (the tiled kernels' decode path,
+    /* At most 8 query rows per KV head (the CPU kernels' few-query path,
      * flash_decode.h): one token and a few against short and long key
      * ranges, grouped-query rows of one KV head sharing a pass, KV heads
      * taken together (BSHD: 32 per task and a group of 4 left over; cut
      * further when few), keys cut into chunks and merged (two KV heads,
      * 5000 keys), head dims with a tail (100), both causal alignments,
      * every layout and dtype, peaked, and the non-finite values; 8 rows
-     * per KV head (the tiled path) as a control. */
+     * per KV head (the most it takes: 8 query heads on one KV head), and
+     * 16 (the tiled path) as a control. */
     {
         static const int64_t few[][6] = {{1, 1, 1, 1, 1, 32},     {2, 1, 77, 24, 24, 128},
                                          {1, 4, 300, 8, 8, 100},  {1, 2, 129, 16, 8, 64},
                                          {1, 1, 5000, 8, 2, 128}, {2, 3, 2053, 4, 4, 64},
                                          {1, 1, 16, 4, 1, 96},    {1, 2, 700, 32, 16, 72},
-                                         {1, 1, 900, 8, 1, 64},   {8, 1, 40, 36, 36, 32}};
+                                         {1, 1, 900, 8, 1, 64},   {8, 1, 40, 36, 36, 32},
+                                         {1, 2, 300, 16, 2, 64}};
         for (size_t i = 0; i < sizeof few / sizeof *few; i++) {
             c = mk(few[i][0], few[i][1], few[i][2], few[i][3], few[i][4], few[i][5]);
             c.causal = (sdpa_causal)(i % 3), c.layout = (tl_layout)(i % 3);

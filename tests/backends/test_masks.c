@@ -419,7 +419,7 @@ int main(void)
             tl_case big = {2, 150, 333, 2, 1, 40, causal == 0 ? SDPA_F32 : causal == 1 ? SDPA_F16 : SDPA_BF16, SDPA_F32,
                            (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0};
             one_case(&big, kinds[ki], backends, nb);
-            /* at most 4 query rows per KV head (the tiled kernels' decode
+            /* at most 8 query rows per KV head (the CPU kernels' few-query
              * path, flash_decode.h): grouped-query rows of one KV head
              * together, and keys cut into chunks merged after (one KV
              * head, 700 keys) */

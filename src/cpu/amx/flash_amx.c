@@ -42,7 +42,7 @@
  * almost never after the first key block of a row. Costs, the tiles'
  * budget and how they were measured: README "cpu.amx" and bench/amx_cost.c.
  *
- * Few queries (at most four rows per KV head: a decode step, one token):
+ * Few queries (at most eight rows per KV head: a decode step, one token):
  * cpu.avx512's few-query path (avx512/decode_avx512.h), fp32 products on
  * K and V read in place; packing tiles for one row costs more than the
  * products.

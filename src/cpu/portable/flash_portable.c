@@ -20,7 +20,7 @@
  * Results do not depend on the thread count (each row is owned by one task
  * and accumulates keys in a fixed order): deterministic.
  *
- * At most four query rows per KV head (a decode step, one token) take the
+ * At most eight query rows per KV head (a decode step, one token) take the
  * few-query path instead (../flash_decode.h over vec_portable.h): K and V
  * read in place, no tiles to convert for a single row.
  */
