@@ -119,16 +119,19 @@ static void test_cpu_rules_per_cpu(void)
     decide(ctx, &d);
     FIRST("cpu.avx512bf16");
     sdpa_context_destroy(ctx);
-    /* A bf16 decode step on AMX: one query per head to cpu.avx512's
-     * few-query path (cpu-amx-bf16-decode); grouped-query steps (8 query
-     * rows per KV head) stay on the tiles. */
+    /* A few bf16 tokens on AMX against a few keys: cpu.avx512
+     * (cpu-amx-bf16-decode); grouped-query calls and long key ranges stay
+     * on the tiles. */
     ctx = tl_context(cpus[0].platform);
     d = cpu_call();
-    d.dtype = SDPA_BF16, d.Sq = 1, d.Skv = 8192, d.Hq = d.Hkv = 32, d.D = 128;
+    d.dtype = SDPA_BF16, d.Sq = 16, d.Skv = 16, d.Hq = d.Hkv = 8, d.D = 64;
     decide(ctx, &d);
     FIRST("cpu.avx512");
     CHECK(strcmp(dec.rule, "cpu-amx-bf16-decode") == 0, "rule %s", dec.rule);
     d.Hkv = 4;
+    decide(ctx, &d);
+    FIRST("cpu.amx");
+    d.Hkv = 8, d.Skv = 8192;
     decide(ctx, &d);
     FIRST("cpu.amx");
     sdpa_context_destroy(ctx);
