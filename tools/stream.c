@@ -25,12 +25,13 @@ struct stream_reader {
     const unsigned char *buf[MAX_BUFS];
     size_t bytes[MAX_BUFS];
     int n;
-    volatile uint64_t sink; /* so the reads are not optimised away */
+    volatile uint64_t sink; /* the caller's sum: so its reads are not optimised away */
 };
 
 struct stream_arg {
     struct stream_reader *r;
     int t;
+    volatile uint64_t sink; /* this thread's sum, for the same reason */
 };
 
 /* Words summed so the reads are not optimised away; 64 bytes at a time. */
@@ -65,7 +66,7 @@ static void share(const struct stream_reader *r, int b, int t, size_t *lo, size_
     *part = (*hi - *lo) / SUBSTREAMS / 64 * 64;
 }
 
-static void read_part(struct stream_reader *r, int t)
+static uint64_t read_part(const struct stream_reader *r, int t)
 {
     const unsigned char *at[MAX_BUFS * SUBSTREAMS];
     size_t len = SIZE_MAX;
@@ -81,7 +82,7 @@ static void read_part(struct stream_reader *r, int t)
             sum += r->buf[b][i];
     }
     if (ns == 0)
-        return;
+        return sum;
     for (size_t i = 0; i < len; i += 64)
         for (int k = 0; k < ns; k++)
             sum += sum64(at[k] + i);
@@ -93,12 +94,12 @@ static void read_part(struct stream_reader *r, int t)
             for (size_t i = len; i < part; i += 64)
                 sum += sum64(r->buf[b] + lo + (size_t)k * part + i);
     }
-    r->sink += sum;
+    return sum;
 }
 
 static void *worker(void *p)
 {
-    const struct stream_arg *a = p;
+    struct stream_arg *a = p;
     struct stream_reader *r = a->r;
     pthread_mutex_lock(&r->lock);
     while (!r->ready && !r->quit)
@@ -111,7 +112,7 @@ static void *worker(void *p)
         pthread_barrier_wait(&r->start);
         if (r->quit)
             return NULL;
-        read_part(r, a->t);
+        a->sink = read_part(r, a->t);
         pthread_barrier_wait(&r->done);
     }
 }
@@ -150,7 +151,7 @@ stream_reader *stream_reader_make(int threads)
     int started = 0;
     if (r->tid && r->arg)
         for (; started < r->threads - 1; started++) {
-            r->arg[started] = (struct stream_arg){r, started + 1};
+            r->arg[started] = (struct stream_arg){r, started + 1, 0};
             if (pthread_create(&r->tid[started], NULL, worker, &r->arg[started]) != 0)
                 break;
         }
@@ -180,7 +181,7 @@ double stream_read_ms(stream_reader *r, const void *const *bufs, const size_t *b
         r->buf[b] = bufs[b], r->bytes[b] = bytes[b];
     const double t0 = tool_now_ms();
     pthread_barrier_wait(&r->start);
-    read_part(r, 0);
+    r->sink = read_part(r, 0);
     pthread_barrier_wait(&r->done);
     return tool_now_ms() - t0;
 }
