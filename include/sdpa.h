@@ -194,6 +194,52 @@ const char *sdpa_causal_name(sdpa_causal c); /* "none", "top-left", "bottom-righ
  */
 typedef enum sdpa_mask_type { SDPA_MASK_BOOL = 0, SDPA_MASK_ADDITIVE = 1 } sdpa_mask_type;
 
+/*
+ * A 1-D sliding window with FlashAttention's semantics (window_size =
+ * (left, right)): query i may attend key j when
+ *     i + off - left <= j <= i + off + right,   off = Skv - Sq,
+ * aligned bottom-right like causal (on the real lengths under seq_len
+ * masks); -1 leaves that side unbounded. Computed, never stored. With
+ * causal as well, both must allow a key.
+ */
+typedef struct sdpa_window {
+    int64_t left, right; /* keys before and after the diagonal; -1: unbounded */
+} sdpa_window;
+
+/*
+ * A block-sparse map in the layout of PyTorch FlexAttention's BlockMask
+ * and FlashAttention-4: queries in blocks of block_q rows, keys in blocks
+ * of block_kv (64 or 128 each; the last block of either may be short).
+ * For each (batch entry, query head, query block), a count and an
+ * ascending list of FULL key blocks (every key inside visible) and of
+ * PARTIAL key blocks (visible where partial_bits says, or wholly when
+ * partial_bits is NULL and the call's causal or window decides inside);
+ * an unlisted key block is hidden. Arrays, int32, row (b, h, qb) at
+ *     counts[(b * heads + h) * q_blocks + qb]
+ *     indices[((b * heads + h) * q_blocks + qb) * index_stride + n]
+ * with batch = 1 or B and heads = 1 or Hq (1 broadcasts: torch's [1, 1,
+ * ...]), index_stride >= the largest count (torch's kv_indices have
+ * kv_blocks). partial_bits, when given, holds block_q * block_kv / 64
+ * words per partial entry at the entry's position (row * index_stride +
+ * n): bit r * block_kv + c (word (r * block_kv + c) / 64, least
+ * significant first) set when row r of the block may see key c of it;
+ * how a FlexAttention mask_mod arrives. A key block may not be in both
+ * lists. The call's other masks and causal still apply on top (AND).
+ * Rows that see no key give zeros and LSE -inf. sdpa_block_map_3d()
+ * builds one for a 3-D neighbourhood.
+ */
+typedef struct sdpa_block_map {
+    int32_t block_q, block_kv;
+    int64_t batch, heads;           /* 1 (broadcast), or B and Hq          */
+    int64_t q_blocks, kv_blocks;    /* ceil(Sq / block_q), ceil(Skv / block_kv) */
+    int64_t index_stride;           /* entries per row in full_index and partial_index */
+    const int32_t *full_count;      /* [batch][heads][q_blocks], or NULL: no full blocks */
+    const int32_t *full_index;      /* [batch][heads][q_blocks][index_stride]       */
+    const int32_t *partial_count;   /* or NULL: no partial blocks              */
+    const int32_t *partial_index;
+    const uint64_t *partial_bits;   /* or NULL (see above)                      */
+} sdpa_block_map;
+
 typedef struct sdpa_mask {
     const int32_t *seq_len_q;
     const int32_t *seq_len_kv;
@@ -203,16 +249,62 @@ typedef struct sdpa_mask {
     sdpa_mask_type general_type;
     sdpa_dtype general_dtype;  /* SDPA_MASK_ADDITIVE only */
     int64_t general_stride[4]; /* b, h, i, j */
+    const sdpa_window *window;    /* or NULL: no window (added in 0.2) */
+    const sdpa_block_map *blocks; /* or NULL: dense (added in 0.2)     */
 } sdpa_mask;
 
-#define SDPA_MASK_DEFAULT {NULL, NULL, NULL, {0, 0}, NULL, SDPA_MASK_BOOL, SDPA_F32, {0, 0, 0, 0}}
+#define SDPA_MASK_DEFAULT \
+    {NULL, NULL, NULL, {0, 0}, NULL, SDPA_MASK_BOOL, SDPA_F32, {0, 0, 0, 0}, NULL, NULL}
 
 /* Mask kinds, as calls, rules and backends name them (bit mask). */
 enum {
     SDPA_MASK_KIND_SEQ_LEN = 1u << 0, /* seq_len_q or seq_len_kv */
     SDPA_MASK_KIND_KEY = 1u << 1,
-    SDPA_MASK_KIND_GENERAL = 1u << 2
+    SDPA_MASK_KIND_GENERAL = 1u << 2,
+    SDPA_MASK_KIND_WINDOW = 1u << 3, /* sdpa_mask.window */
+    SDPA_MASK_KIND_BLOCKS = 1u << 4  /* sdpa_mask.blocks */
 };
+
+/*
+ * A 3-D neighbourhood over a latent video grid, built into a block map
+ * (what Sliding Tile Attention and NATTEN compute). Tokens: `prefix` dense
+ * tokens first (joint attention's text: they see every key and every row
+ * sees them), then the T x H x W grid, row-major (t, y, x), or tile-major
+ * when tile[] is set (tiles of tile[0] x tile[1] x tile[2] tokens in
+ * row-major tile order, row-major inside a tile: STA's order; the grid
+ * must then be a whole number of tiles).
+ *
+ * Query (t, y, x) sees key (t', y', x') when, on every axis a, the key's
+ * coordinate lies in the query's window of window[a] positions (tokens, or
+ * tiles when tile[] is set), started at p - window[a] / 2 and clamped to
+ * the grid (NATTEN's border rule: every query sees exactly window[a]
+ * positions on an axis of at least that many); window[a] <= 0 or beyond
+ * the axis: the whole axis. causal_time: the time window instead ends at
+ * the query's own frame (t - window[0] + 1 .. t; world models).
+ * Per-head windows: heads > 1 with windows [heads][3] (heads = Hq of the
+ * calls it is meant for); heads = 1 broadcasts.
+ *
+ * The map's blocks are block x block (64 or 128); key blocks whose every
+ * entry is visible are FULL, those partly visible PARTIAL with their bits.
+ * Memory: the listed blocks (and 2 KiB of bits per partial 128-block),
+ * never Sq x Skv. Free it with sdpa_block_map_free.
+ */
+typedef struct sdpa_neighborhood_3d {
+    int64_t grid[3];          /* T, H, W in tokens                              */
+    int64_t tile[3];          /* tile-major order with windows in tiles, or 0s  */
+    const int64_t *windows;   /* [heads][3]: window per axis (T, H, W)           */
+    int64_t heads;            /* rows of windows: 1, or the calls' Hq            */
+    int64_t prefix;           /* dense tokens before the grid (text)            */
+    int causal_time;          /* 1: keys only from the query's frame and before  */
+} sdpa_neighborhood_3d;
+
+sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block,
+                              sdpa_block_map **out);
+void sdpa_block_map_free(sdpa_block_map *map);
+
+/* Share of a map's (b, h, query block, key block) cells that are listed,
+ * weighted by the keys they hold: 1 - density is the block sparsity. */
+double sdpa_block_map_density(const sdpa_block_map *map, int64_t Sq, int64_t Skv);
 
 /*
  * Per-call parameters. Start from SDPA_PARAMS_DEFAULT and set what you need.

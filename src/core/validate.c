@@ -7,6 +7,7 @@
  * name and the expected value, and nothing has been written yet.
  */
 #include "core.h"
+#include "sparse.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -120,7 +121,9 @@ static const struct {
     const char *name;
 } mask_kinds[] = {{SDPA_MASK_KIND_SEQ_LEN, "seq_len"},
                   {SDPA_MASK_KIND_KEY, "key"},
-                  {SDPA_MASK_KIND_GENERAL, "general"}};
+                  {SDPA_MASK_KIND_GENERAL, "general"},
+                  {SDPA_MASK_KIND_WINDOW, "window"},
+                  {SDPA_MASK_KIND_BLOCKS, "blocks"}};
 
 void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n)
 {
@@ -136,9 +139,11 @@ void sdpa__mask_kinds_name(unsigned kinds, char *buf, size_t n)
 
 unsigned sdpa__mask_kind_top(unsigned kinds)
 {
-    return kinds & SDPA_MASK_KIND_GENERAL ? SDPA_MASK_KIND_GENERAL
-           : kinds & SDPA_MASK_KIND_KEY   ? SDPA_MASK_KIND_KEY
-                                          : kinds & SDPA_MASK_KIND_SEQ_LEN;
+    return kinds & SDPA_MASK_KIND_BLOCKS    ? SDPA_MASK_KIND_BLOCKS
+           : kinds & SDPA_MASK_KIND_GENERAL ? SDPA_MASK_KIND_GENERAL
+           : kinds & SDPA_MASK_KIND_WINDOW  ? SDPA_MASK_KIND_WINDOW
+           : kinds & SDPA_MASK_KIND_KEY     ? SDPA_MASK_KIND_KEY
+                                            : kinds & SDPA_MASK_KIND_SEQ_LEN;
 }
 
 unsigned sdpa__mask_kind_parse(const char *s, int *ok)
@@ -164,6 +169,121 @@ static int64_t view_bytes(const int64_t *n, const int64_t *st, int dims, int64_t
             return -1;
     }
     return __builtin_add_overflow(last, 1, &t) || __builtin_mul_overflow(t, es, &t) ? -1 : t;
+}
+
+/* One list of a block map row: counts within 0..index_stride and
+ * kv_blocks, entries ascending without repeats, inside 0..kv_blocks. */
+static sdpa_status check_map_list(const sdpa_block_map *m, const int32_t *count,
+                                  const int32_t *index, const char *what, int64_t row,
+                                  int64_t b, int64_t h, int64_t qb)
+{
+    const int32_t n = count[row];
+    const int64_t cap = m->index_stride < m->kv_blocks ? m->index_stride : m->kv_blocks;
+    if (n < 0 || n > cap)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->%s_count[b=%lld, h=%lld, qb=%lld] is %d, expected "
+                          "0..%lld (index_stride and kv_blocks)",
+                          what, (long long)b, (long long)h, (long long)qb, (int)n, (long long)cap);
+    const int32_t *idx = index + row * m->index_stride;
+    for (int32_t e = 0; e < n; e++) {
+        if (idx[e] < 0 || idx[e] >= m->kv_blocks)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->blocks->%s_index[b=%lld, h=%lld, qb=%lld][%d] is %d, "
+                              "expected a key block 0..%lld",
+                              what, (long long)b, (long long)h, (long long)qb, (int)e,
+                              (int)idx[e], (long long)m->kv_blocks - 1);
+        if (e > 0 && idx[e] <= idx[e - 1])
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->blocks->%s_index[b=%lld, h=%lld, qb=%lld][%d] is %d after "
+                              "%d, expected ascending key blocks without repeats",
+                              what, (long long)b, (long long)h, (long long)qb, (int)e,
+                              (int)idx[e], (int)idx[e - 1]);
+    }
+    return SDPA_OK;
+}
+
+/* A block map against the call's sizes (sdpa.h): its shape, then, for
+ * host arrays, every row's lists and that no key block is in both. Costs
+ * one pass over the listed entries. */
+static sdpa_status check_block_map(const sdpa_block_map *m, int64_t B, int64_t Hq, int64_t Sq,
+                                   int64_t Skv, int host)
+{
+    const int32_t sizes[2] = {m->block_q, m->block_kv};
+    static const char *size_names[2] = {"block_q", "block_kv"};
+    for (int i = 0; i < 2; i++)
+        if (sizes[i] != 64 && sizes[i] != 128)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->blocks->%s is %d, expected 64 or 128", size_names[i],
+                              (int)sizes[i]);
+    if (m->batch != 1 && m->batch != B)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->batch is %lld, expected 1 (broadcast) or B = %lld",
+                          (long long)m->batch, (long long)B);
+    if (m->heads != 1 && m->heads != Hq)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->heads is %lld, expected 1 (broadcast) or Hq = %lld",
+                          (long long)m->heads, (long long)Hq);
+    const int64_t nq = (Sq + m->block_q - 1) / m->block_q, nk = (Skv + m->block_kv - 1) / m->block_kv;
+    if (m->q_blocks != nq)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->q_blocks is %lld, expected %lld (Sq %lld in blocks of "
+                          "%d)",
+                          (long long)m->q_blocks, (long long)nq, (long long)Sq, (int)m->block_q);
+    if (m->kv_blocks != nk)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->kv_blocks is %lld, expected %lld (Skv %lld in blocks "
+                          "of %d)",
+                          (long long)m->kv_blocks, (long long)nk, (long long)Skv,
+                          (int)m->block_kv);
+    if (m->index_stride < 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->index_stride is %lld, expected >= 1 (entries per row)",
+                          (long long)m->index_stride);
+    if (!m->full_count != !m->full_index || !m->partial_count != !m->partial_index)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->%s_count and %s_index must be given together",
+                          !m->full_count != !m->full_index ? "full" : "partial",
+                          !m->full_count != !m->full_index ? "full" : "partial");
+    if (m->partial_bits && !m->partial_count)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->partial_bits is given without partial_count");
+    if (m->partial_bits && (uintptr_t)m->partial_bits % sizeof(uint64_t) != 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "mask->blocks->partial_bits is not 8-byte aligned");
+    int64_t rows;
+    if (__builtin_mul_overflow(m->batch * m->heads, m->q_blocks, &rows) ||
+        __builtin_mul_overflow(rows, m->index_stride, &rows) ||
+        __builtin_mul_overflow(rows, sdpa__map_words(m) * 8, &rows))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "mask->blocks byte count overflows 64 bits");
+    for (int64_t b = 0; host && b < m->batch; b++)
+        for (int64_t h = 0; h < m->heads; h++)
+            for (int64_t qb = 0; qb < m->q_blocks; qb++) {
+                const int64_t row = sdpa__map_row(m, b, h, qb);
+                sdpa_status st;
+                if (m->full_count && (st = check_map_list(m, m->full_count, m->full_index,
+                                                          "full", row, b, h, qb)) != SDPA_OK)
+                    return st;
+                if (m->partial_count &&
+                    (st = check_map_list(m, m->partial_count, m->partial_index, "partial", row,
+                                         b, h, qb)) != SDPA_OK)
+                    return st;
+                if (!m->full_count || !m->partial_count)
+                    continue;
+                const int32_t *f = m->full_index + row * m->index_stride,
+                              *p = m->partial_index + row * m->index_stride;
+                for (int32_t x = 0, y = 0; x < m->full_count[row] && y < m->partial_count[row];) {
+                    if (f[x] == p[y])
+                        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                          "mask->blocks: key block %d of row [b=%lld, h=%lld, "
+                                          "qb=%lld] is both full and partial, expected one list",
+                                          (int)f[x], (long long)b, (long long)h, (long long)qb);
+                    if (f[x] < p[y])
+                        x++;
+                    else
+                        y++;
+                }
+            }
+    return SDPA_OK;
 }
 
 /* Validates a mask against the call's sizes; fills the kinds it carries. */
@@ -226,6 +346,20 @@ static sdpa_status check_mask(const sdpa_mask *m, const sdpa_tensor *q, const sd
                               "64 bits",
                               (long long)m->general_stride[0], (long long)m->general_stride[1],
                               (long long)m->general_stride[2], (long long)m->general_stride[3]);
+    }
+    if (m->window) {
+        *kinds |= SDPA_MASK_KIND_WINDOW;
+        if (m->window->left < -1 || m->window->right < -1)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "mask->window is {left %lld, right %lld}, expected keys >= 0 on "
+                              "each side, or -1 for unbounded",
+                              (long long)m->window->left, (long long)m->window->right);
+    }
+    if (m->blocks) {
+        *kinds |= SDPA_MASK_KIND_BLOCKS;
+        sdpa_status st = check_block_map(m->blocks, B, Hq, Sq, Skv, host);
+        if (st != SDPA_OK)
+            return st;
     }
     return SDPA_OK;
 }
@@ -445,7 +579,8 @@ sdpa_status sdpa__desc_validate(const sdpa_call_desc *d)
     if (d->backward != 0 && d->backward != 1)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->backward is %d, expected 0 or 1",
                           d->backward);
-    if (d->mask & ~(unsigned)(SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL))
+    if (d->mask & ~(unsigned)(SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
+                              SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS))
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
                           "desc->mask is 0x%x, expected SDPA_MASK_KIND_* bits", d->mask);
     return SDPA_OK;

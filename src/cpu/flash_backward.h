@@ -47,6 +47,7 @@
 #include "../core/convert.h"
 #include "flash_tasks.h"
 #include "mask_row.h"
+#include "../core/sparse.h"
 #include "../core/backend.h"
 
 #include <math.h>
@@ -276,6 +277,7 @@ static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, 
 {
     const sdpa_mask *mk = c->mask;
     const int general = mk && mk->general;
+    const int sparse = mk && (mk->window || mk->blocks); /* element by element (sparse.h) */
     const int64_t last_key = flash_key(keys, p0 + bk - 1);
     for (int r = 0; r < nr; r++) {
         float *s = w->s + (ptrdiff_t)r * BWD_BK;
@@ -291,6 +293,9 @@ static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, 
         for (int j = 0; general && j < n; j++)
             s[j] = sdpa__mask_general(mk, sdpa__mask_at(mk, tk->b, h, i, flash_key(keys, p0 + j)),
                                       s[j]);
+        for (int j = 0; sparse && j < n; j++)
+            if (!sdpa__sparse_visible(c, tk->b, h, i, flash_key(keys, p0 + j)))
+                s[j] = -INFINITY;
     }
 }
 
@@ -303,7 +308,8 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     const float *qs = w->qs + r0 * Dp, *dout = w->dout + r0 * Dp;
     /* S = qs K^T */
     bwd_gemm(nr, BWD_BK, (int)D, qs, Dp, 1, w->kt, BWD_BK, w->s, BWD_BK, 0);
-    const int masked = bk < BWD_BK || (c->mask && c->mask->general) ||
+    const int masked = bk < BWD_BK ||
+                       (c->mask && (c->mask->general || c->mask->window || c->mask->blocks)) ||
                        (tk->causal && flash_key(keys, p0 + bk - 1) > i0 + tk->offset);
     if (masked)
         bwd_mask(c, w, tk, h, keys, p0, bk, i0, nr);

@@ -577,6 +577,19 @@ static void scores(const sdpa_call *c, const workspace *w, const qblock *qb, int
 #endif
 }
 
+/* scores() with the tile's max per query found by the micro-kernel when
+ * the tile is unmasked: returns mx holding it, or NULL (the softmax then
+ * reads the masked tile). */
+static inline vec *scores_max(const sdpa_call *c, const workspace *w, const qblock *qb, int bk,
+                              int qv, int masked, vec *mx)
+{
+    for (int v = 0; v < QV; v++)
+        mx[v] = V_SET1(-INFINITY);
+    vec *mxp = max_fused(c, masked) ? mx : NULL;
+    scores(c, w, qb, bk, qv, mxp);
+    return mxp;
+}
+
 /* O^T (+)= V^T . P^T over the packed keys (P^T in w->st: fp32, or in
  * pair mode bf16 pairs, exp_rows). */
 static void values(const sdpa_call *c, const workspace *w, const qblock *qb, int bk, int qv,
@@ -646,10 +659,7 @@ static void task_fn(void *arg, int64_t task, int worker)
             const int qv = (flash_block_rows(jb->split.rows, i0, BQ) + VL - 1) / VL;
             const int masked = tile_masked(c, &tk, keys, p0, bk, i0);
             vec mx[QV];
-            for (int v = 0; v < QV; v++)
-                mx[v] = V_SET1(-INFINITY);
-            vec *mxp = max_fused(c, masked) ? mx : NULL;
-            scores(c, w, qb, bk, qv, mxp);
+            vec *mxp = scores_max(c, w, qb, bk, qv, masked, mx);
             if (masked)
                 mask_scores(c, w, &tk, keys, p0, bk, i0);
             softmax_tile(w->st, bk, qb, D, qv, mxp, score_scale(c));
@@ -716,10 +726,7 @@ static void task_short_fn(void *arg, int64_t task, int worker)
             const int qv = (rows + VL - 1) / VL; /* vectors of real rows */
             const int masked = tile_masked(c, &tk, keys, 0, (int)nk, i0);
             vec mx[QV];
-            for (int v = 0; v < QV; v++)
-                mx[v] = V_SET1(-INFINITY);
-            vec *mxp = max_fused(c, masked) ? mx : NULL;
-            scores(c, w, qb, (int)nk, qv, mxp);
+            vec *mxp = scores_max(c, w, qb, (int)nk, qv, masked, mx);
             flash_prefetch_rows(c->out, &tk, i0, rows, c->desc.D, 1);
             mask_scores(c, w, &tk, keys, 0, (int)nk, i0);
             softmax_full(w->st, (int)nk, qb, qv, mxp, score_scale(c));
@@ -739,24 +746,29 @@ static int short_keys(const sdpa_call_desc *d) { return d->Skv <= SHORT_KEYS && 
 #ifndef TILED_PAIRS
 #include "flash_decode.h"
 #endif
+#include "flash_sparse.h"
 
 static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
 #ifndef TILED_PAIRS
-    if (decode_applies(c)) /* few queries per head: flash_decode.h */
+    if (decode_applies(c) && !sparse_applies(c)) /* few queries per head: flash_decode.h */
         return decode_run(self, c);
 #endif
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
     const int64_t D = d->D;
-    const int is_short = short_keys(d);
+    /* windows and block maps: flash_sparse.h, SPARSE_BQ rows resident */
+    const int sparse = sparse_applies(c);
+    const int is_short = !sparse && short_keys(d);
     const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
     job jb = {c,
-              flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ), is_short ? 64 : 4,
-                               is_short ? 2 : 4),
+              flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
+                               is_short ? 64 : 4, is_short ? 2 : 4),
               NULL};
-    const int qbs_kept = is_short ? 1 : jb.split.qb_per_task; /* resident query blocks */
+    const int qbs_kept = is_short  ? 1
+                         : sparse ? (SPARSE_BQ + BQ - 1) / BQ
+                                  : jb.split.qb_per_task; /* resident query blocks */
     const int64_t heads = d->B * d->Hq / jb.split.group; /* row spaces */
     const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
     /* under a key mask, room for the visible keys of a task (2 floats each) */
@@ -792,6 +804,18 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         w->row = p, p += row_room;
         w->tr = p, p += tr_room;
         w->keys = key_room ? (int64_t *)p : NULL;
+    }
+    if (sparse) {
+        const sdpa_block_map *m = c->mask->blocks;
+        sparse_job sj = {c, jb.ws, m ? m->block_q : SPARSE_BQ, 0, NULL};
+        sj.n_qblocks = (d->Sq + sj.block_q - 1) / sj.block_q;
+        const int64_t n_tasks = d->B * d->Hq * sj.n_qblocks;
+        const sdpa_status st = sparse_order(&sj, n_tasks);
+        if (st == SDPA_OK)
+            sdpa__parallel_for(c->pool, n_tasks, sparse_task_fn, &sj);
+        free(sj.order);
+        sdpa__scratch_release(base);
+        return st;
     }
     sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, is_short ? task_short_fn : task_fn,
                        &jb);

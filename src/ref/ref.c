@@ -12,6 +12,7 @@
  */
 #include "../core/convert.h"
 #include "../core/backend.h"
+#include "../core/sparse.h"
 
 #include <float.h>
 #include <math.h>
@@ -51,10 +52,13 @@ static double bias(const sdpa_mask *m, int64_t b, int64_t h, int64_t i, int64_t 
                               i * m->general_stride[2] + j * m->general_stride[3]);
 }
 
-/* Hidden keys (a false mask entry, or an additive -inf) are never read. */
-static int hidden(const sdpa_mask *m, int64_t b, int64_t h, int64_t i, int64_t j)
+/* Hidden keys (a false mask entry, outside the window or the map, or an
+ * additive -inf) are never read. */
+static int hidden(const sdpa_call *c, int64_t b, int64_t h, int64_t i, int64_t j)
 {
-    return m && (!visible(m, b, h, i, j) || bias(m, b, h, i, j) == -INFINITY);
+    const sdpa_mask *m = c->mask;
+    return m && (!visible(m, b, h, i, j) || !sdpa__sparse_visible(c, b, h, i, j) ||
+                 bias(m, b, h, i, j) == -INFINITY);
 }
 
 /*
@@ -80,7 +84,7 @@ static int64_t row_scores(const sdpa_call *c, int64_t b, int64_t h, int64_t i, d
     }
     *max = -INFINITY, *poisoned = 0;
     for (int64_t j = 0; j < n_keys; j++) {
-        if (hidden(m, b, h, i, j)) {
+        if (hidden(c, b, h, i, j)) {
             score[j] = -INFINITY;
             continue;
         }
@@ -107,8 +111,6 @@ static void ref_task(void *arg, int64_t task, int worker)
     const int64_t hk = h / (d->Hq / d->Hkv);
     double *score = job->work + (size_t)worker * (size_t)(d->Skv + d->D);
     double *acc = score + d->Skv;
-
-    const sdpa_mask *m = c->mask;
     for (int64_t i = 0; i < d->Sq; i++) {
         double max;
         int poisoned;
@@ -129,7 +131,7 @@ static void ref_task(void *arg, int64_t task, int worker)
         for (int64_t e = 0; e < d->D; e++)
             acc[e] = 0.0;
         for (int64_t j = 0; j < n_keys; j++)
-            for (int64_t e = 0; e < d->D && !hidden(m, b, h, i, j); e++)
+            for (int64_t e = 0; e < d->D && !hidden(c, b, h, i, j); e++)
                 acc[e] += score[j] * load(c->v, b, j, hk, e); /* hidden keys are never read */
         for (int64_t e = 0; e < d->D; e++)
             sdpa__store_f32(c->out->data, c->out->dtype, sdpa__offset(c->out, b, i, h, e),
@@ -190,7 +192,6 @@ static void ref_grad_task(void *arg, int64_t task, int worker)
     double *dk = p, *dv = dk + Skv * D, *prob = dv + Skv * D, *dp = prob + Skv, *dq = dp + Skv;
     for (int64_t e = 0; e < 2 * Skv * D; e++)
         dk[e] = 0.0;
-    const sdpa_mask *m = c->mask;
     for (int64_t h = hk * G; h < (hk + 1) * G; h++)
         for (int64_t i = 0; i < d->Sq; i++) {
             double max; /* the forward's scores, exactly */
@@ -200,7 +201,7 @@ static void ref_grad_task(void *arg, int64_t task, int worker)
                 dq[e] = 0.0;
             if (poisoned) { /* the forward's row is NaN: so is everything it reaches */
                 for (int64_t j = 0; j < n_keys; j++)
-                    for (int64_t e = 0; e < D && !hidden(m, b, h, i, j); e++)
+                    for (int64_t e = 0; e < D && !hidden(c, b, h, i, j); e++)
                         dk[j * D + e] = dv[j * D + e] = NAN;
                 store_row(c->dq, b, i, h, dq, D, NAN);
                 continue;
@@ -217,13 +218,13 @@ static void ref_grad_task(void *arg, int64_t task, int worker)
             for (int64_t j = 0; j < n_keys; j++) {
                 prob[j] /= sum;
                 double x = 0.0;
-                for (int64_t e = 0; e < D && !hidden(m, b, h, i, j); e++)
+                for (int64_t e = 0; e < D && !hidden(c, b, h, i, j); e++)
                     x += load(c->dout, b, i, h, e) * load(c->v, b, j, hk, e);
                 dp[j] = x;
                 di += prob[j] * x;
             }
             for (int64_t j = 0; j < n_keys; j++) {
-                if (hidden(m, b, h, i, j)) /* never read, as in the forward */
+                if (hidden(c, b, h, i, j)) /* never read, as in the forward */
                     continue;
                 const double ds = prob[j] * (dp[j] - di);
                 for (int64_t e = 0; e < D; e++) {
@@ -263,7 +264,8 @@ const sdpa_backend sdpa__backend_ref = {
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1 << 20, .d_multiple = 1, .gqa = 1, .cross = 1,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
+                      SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS,
              .backward = 1},
     .fallback_rank = 1,
     .version = SDPA_VERSION_STRING,

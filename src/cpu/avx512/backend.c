@@ -17,7 +17,8 @@ const sdpa_backend sdpa__backend_cpu_avx512 = {
              .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
              .cpu_features = SDPA_CPU_AVX512F,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
+                      SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS,
              .backward = 1},
     .fallback_rank = 30,
     .version = SDPA_X86_VERSION,

@@ -15,7 +15,8 @@ const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
              .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1, .causal_top_left = 1,
              .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
              .cpu_features = SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16, .product_bits = 8,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL},
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
+                      SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS},
     .fallback_rank = 35,
     .version = SDPA_X86_VERSION,
     .present = sdpa__cpu_backend_present,

@@ -1,0 +1,101 @@
+/*
+ * sparse.h - the one reading of sdpa.h's window and block map that ref,
+ * the kernels and validation share: which keys a row's window admits,
+ * where a (b, h, query block) row of a map lives, and whether the map
+ * shows key j to query i.
+ *
+ * Lookups by element (sdpa__map_visible) cost a search of the row's two
+ * lists: ref and the masking of PARTIAL tiles use them; the kernels walk
+ * the lists block by block and never search for a FULL block.
+ */
+#ifndef SDPA_SPARSE_H
+#define SDPA_SPARSE_H
+
+#include "core.h"
+
+#include <stdint.h>
+
+/* Keys lo .. hi (inclusive) that the window admits for query i, with
+ * off = len_kv - len_q (the real lengths); an unbounded side gives
+ * INT64_MIN / INT64_MAX. */
+static inline void sdpa__window_keys(const sdpa_window *w, int64_t i, int64_t off, int64_t *lo,
+                                     int64_t *hi)
+{
+    *lo = w->left < 0 ? INT64_MIN : i + off - w->left;
+    *hi = w->right < 0 ? INT64_MAX : i + off + w->right;
+}
+
+/* Row (b, h, qb) of the map's count arrays (batch or heads 1 broadcast). */
+static inline int64_t sdpa__map_row(const sdpa_block_map *m, int64_t b, int64_t h, int64_t qb)
+{
+    return ((m->batch == 1 ? 0 : b) * m->heads + (m->heads == 1 ? 0 : h)) * m->q_blocks + qb;
+}
+
+/* 64-bit words of bits per partial entry. */
+static inline int64_t sdpa__map_words(const sdpa_block_map *m)
+{
+    return (int64_t)m->block_q * m->block_kv / 64;
+}
+
+/* Position of key block kb in the ascending list idx[0..n), or -1. */
+static inline int64_t sdpa__map_find(const int32_t *idx, int32_t n, int64_t kb)
+{
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (idx[mid] < kb)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && idx[lo] == kb ? lo : -1;
+}
+
+/* Whether entry n of map row `row` (a PARTIAL block) shows key c of the
+ * block to its row r. */
+static inline int sdpa__map_bit(const sdpa_block_map *m, int64_t row, int64_t n, int64_t r,
+                                int64_t c)
+{
+    if (!m->partial_bits)
+        return 1;
+    const uint64_t *w = m->partial_bits + (row * m->index_stride + n) * sdpa__map_words(m);
+    const int64_t bit = r * m->block_kv + c;
+    return (int)(w[bit >> 6] >> (bit & 63) & 1u);
+}
+
+/* Whether the map shows key j to query i of (b, h). */
+static inline int sdpa__map_visible(const sdpa_block_map *m, int64_t b, int64_t h, int64_t i,
+                                    int64_t j)
+{
+    const int64_t row = sdpa__map_row(m, b, h, i / m->block_q), kb = j / m->block_kv;
+    if (m->full_count &&
+        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
+        return 1;
+    if (!m->partial_count)
+        return 0;
+    const int64_t n =
+        sdpa__map_find(m->partial_index + row * m->index_stride, m->partial_count[row], kb);
+    return n >= 0 && sdpa__map_bit(m, row, n, i % m->block_q, j % m->block_kv);
+}
+
+/* Whether the call's window (aligned on the real lengths) and block map
+ * show key j to query i of (b, h): ref's reading, and the backward
+ * kernels' per element. */
+static inline int sdpa__sparse_visible(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
+                                       int64_t j)
+{
+    const sdpa_mask *m = c->mask;
+    if (!m)
+        return 1;
+    if (m->window) {
+        const int64_t len_q = m->seq_len_q ? m->seq_len_q[b] : c->desc.Sq;
+        const int64_t len_kv = m->seq_len_kv ? m->seq_len_kv[b] : c->desc.Skv;
+        int64_t lo, hi;
+        sdpa__window_keys(m->window, i, len_kv - len_q, &lo, &hi);
+        if (j < lo || j > hi)
+            return 0;
+    }
+    return !m->blocks || sdpa__map_visible(m->blocks, b, h, i, j);
+}
+
+#endif

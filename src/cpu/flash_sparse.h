@@ -1,0 +1,261 @@
+/*
+ * flash_sparse.h - windows and block maps (sdpa.h) on the tiled kernels:
+ * included by flash_tiled.h after its loops, whose packing, micro-kernel
+ * and online softmax it reuses.
+ *
+ * A task is one (batch, query head, map query block): block_q rows (128
+ * for a window without a map), held as ceil(block_q / BQ) resident query
+ * blocks while the key blocks it lists stream past. Only listed key blocks
+ * are packed and multiplied; a FULL one is never masked unless the call's
+ * own causal, window, key or general mask crosses it (one comparison per
+ * tile decides), a PARTIAL one has its bits applied. A window without a
+ * map visits the keys between its first row's lowest and its last row's
+ * highest key. Tasks are handed out in decreasing order of their listed
+ * blocks (largest first), so a map whose rows differ in length (canvas
+ * edges, text rows) still balances across threads.
+ *
+ * Costs beyond the dense path: the task order (8 bytes per task), and per
+ * masked tile one pass over its scores.
+ */
+#ifndef SDPA_FLASH_SPARSE_H
+#define SDPA_FLASH_SPARSE_H
+
+#include "../core/sparse.h"
+#include "../core/alloc.h"
+
+/* The largest map block (sdpa.h: 64 or 128) and the window-only task. */
+#define SPARSE_BQ 128
+
+typedef struct sparse_job {
+    const sdpa_call *c;
+    workspace *ws;
+    int64_t block_q, n_qblocks; /* map query blocks per (b, h)       */
+    int64_t *order;             /* tasks, most listed blocks first   */
+} sparse_job;
+
+static int sparse_applies(const sdpa_call *c)
+{
+    return c->mask && (c->mask->window || c->mask->blocks);
+}
+
+/* Keys lo .. hi (inclusive) the window admits to query i of the task
+ * (whole range without a window). */
+static inline void sparse_window(const sdpa_call *c, const flash_task *tk, int64_t off, int64_t i,
+                                 int64_t *lo, int64_t *hi)
+{
+    if (c->mask->window)
+        sdpa__window_keys(c->mask->window, i, off, lo, hi);
+    else
+        *lo = INT64_MIN, *hi = INT64_MAX;
+    (void)tk;
+}
+
+/*
+ * The masks of a sparse tile (keys j0 .. j0 + bk, rows i0 .. i0 + rows):
+ * causal, window, the partial block's bits (entry n of map row `row`,
+ * whose first row is i_map), key and general masks.
+ */
+static void sparse_mask_tile(const sdpa_call *c, float *st, const flash_task *tk, int64_t off,
+                             int64_t i0, int rows, int64_t j0, int bk, int64_t row, int64_t n,
+                             int64_t i_map)
+{
+    const sdpa_mask *mk = c->mask;
+    if (tk->causal && j0 + bk - 1 > i0 + tk->offset)
+        mask_tile(st, bk, NULL, j0, i0, tk->offset);
+    if (mk->window) {
+        const sdpa_window *wn = mk->window;
+        for (int j = 0; j < bk; j++) {
+            /* row r sees key j0 + j when lo(i0 + r) <= j0 + j <= hi(i0 + r) */
+            float *col = st + (ptrdiff_t)j * BQ;
+            const int64_t kj = j0 + j;
+            int64_t r_min = 0, r_max = rows - 1;
+            if (wn->right >= 0 && kj - off - wn->right - i0 > r_min)
+                r_min = kj - off - wn->right - i0;
+            if (wn->left >= 0 && kj - off + wn->left - i0 < r_max)
+                r_max = kj - off + wn->left - i0;
+            for (int r = 0; r < rows; r++)
+                if (r < r_min || r > r_max)
+                    col[r] = -INFINITY;
+        }
+    }
+    if (n >= 0 && mk->blocks->partial_bits) {
+        const sdpa_block_map *m = mk->blocks;
+        for (int j = 0; j < bk; j++) {
+            float *col = st + (ptrdiff_t)j * BQ;
+            const int64_t cj = (j0 + j) % m->block_kv;
+            for (int r = 0; r < rows; r++)
+                if (!sdpa__map_bit(m, row, n, i0 + r - i_map, cj))
+                    col[r] = -INFINITY;
+        }
+    }
+    if (mk->key) {
+        const uint8_t *key = mk->key + tk->b * mk->key_stride[0];
+        for (int j = 0; j < bk; j++)
+            if (!key[(j0 + j) * mk->key_stride[1]])
+                for (int r = 0; r < rows; r++)
+                    st[(ptrdiff_t)j * BQ + r] = -INFINITY;
+    }
+    if (mk->general)
+        mask_tile_general(st, bk, NULL, j0, i0, rows, mk, tk->b, tk->h);
+}
+
+/* Keys j0 .. j0 + bk, for every resident query block of the task. */
+static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task *tk,
+                        int64_t off, int64_t i_map, int64_t i_end, int64_t j0, int bk, int64_t row,
+                        int64_t n)
+{
+    const sdpa_mask *mk = c->mask;
+    const int64_t D = c->desc.D;
+    load_kv(c, w, tk, NULL, j0, bk);
+    for (int q = 0; q < tk->nqb; q++) {
+        const qblock *qb = &w->qb[q];
+        const int64_t i0 = i_map + (int64_t)q * BQ;
+        const int rows = flash_block_rows(i_end, i0, BQ);
+        const int64_t i_last = i0 + rows - 1;
+        if (tk->causal && j0 > i_last + tk->offset)
+            continue; /* none of these keys is visible to this block */
+        int64_t lo_first, hi_first, lo_last, hi_last;
+        sparse_window(c, tk, off, i0, &lo_first, &hi_first);
+        sparse_window(c, tk, off, i_last, &lo_last, &hi_last);
+        if (j0 > hi_last || j0 + bk - 1 < lo_first)
+            continue;
+        const int masked = (n >= 0 && mk->blocks->partial_bits) || mk->key || mk->general ||
+                           (tk->causal && j0 + bk - 1 > i0 + tk->offset) || j0 < lo_last ||
+                           j0 + bk - 1 > hi_first;
+        const int qv = (rows + VL - 1) / VL;
+        vec mx[QV];
+        vec *mxp = scores_max(c, w, qb, bk, qv, masked, mx);
+        if (masked)
+            sparse_mask_tile(c, w->st, tk, off, i0, rows, j0, bk, row, n, i_map);
+        softmax_tile(w->st, bk, qb, D, qv, mxp, score_scale(c));
+        values(c, w, qb, bk, qv, 1);
+    }
+}
+
+/* The task's coordinates: (b, h) and the map query block's rows. */
+static flash_task sparse_task_make(const sparse_job *jb, int64_t task, int64_t *i_end)
+{
+    const sdpa_call *c = jb->c;
+    const sdpa_call_desc *d = &c->desc;
+    flash_task t;
+    const int64_t bh = task / jb->n_qblocks, qb = task % jb->n_qblocks;
+    t.b = bh / d->Hq, t.h = bh % d->Hq, t.hk = t.h / (d->Hq / d->Hkv);
+    t.group = 1, t.Sq = d->Sq;
+    t.causal = c->causal != SDPA_CAUSAL_NONE;
+    int64_t len_kv;
+    sdpa__seq_lens(c, t.b, &t.len_q, &len_kv);
+    t.offset = sdpa_causal_offset(c->causal, t.len_q, len_kv);
+    t.i_first = qb * jb->block_q;
+    *i_end = t.i_first + jb->block_q < d->Sq ? t.i_first + jb->block_q : d->Sq;
+    t.nqb = (int)((*i_end - t.i_first + BQ - 1) / BQ);
+    const int64_t real_end = *i_end < t.len_q ? *i_end : t.len_q; /* rows past len_q: padding */
+    t.kv_end = real_end <= t.i_first
+                   ? 0
+                   : sdpa_causal_visible_keys(c->causal, real_end - 1, t.len_q, len_kv);
+    return t;
+}
+
+static void sparse_task_fn(void *arg, int64_t slot, int worker)
+{
+    const sparse_job *jb = arg;
+    const sdpa_call *c = jb->c;
+    const workspace *w = &jb->ws[worker];
+    int64_t i_end;
+    const flash_task tk = sparse_task_make(jb, jb->order[slot], &i_end);
+    const int64_t D = c->desc.D, i_map = tk.i_first;
+    for (int q = 0; q < tk.nqb; q++) {
+        const int64_t i0 = i_map + (int64_t)q * BQ;
+        load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(i_end, i0, BQ));
+        memset(w->qb[q].ot, 0, sizeof(float) * (size_t)D * BQ);
+    }
+    int64_t len_q, len_kv;
+    sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
+    const int64_t off = len_kv - len_q; /* the window's alignment: bottom-right */
+    /* the keys any row of the task may see: [k_lo, k_hi) */
+    int64_t lo, hi, k_lo = 0, k_hi = tk.kv_end;
+    sparse_window(c, &tk, off, i_map, &lo, &hi);
+    if (lo > k_lo)
+        k_lo = lo;
+    sparse_window(c, &tk, off, i_end - 1, &lo, &hi);
+    if (hi < INT64_MAX && hi + 1 < k_hi)
+        k_hi = hi + 1;
+    const sdpa_block_map *m = c->mask->blocks;
+    if (!m) {
+        for (int64_t j0 = k_lo; j0 < k_hi; j0 += SPARSE_BQ)
+            sparse_keys(c, w, &tk, off, i_map, i_end, j0,
+                        (int)(k_hi - j0 < SPARSE_BQ ? k_hi - j0 : SPARSE_BQ), -1, -1);
+    } else {
+        /* the two lists merged in ascending key order */
+        const int64_t row = sdpa__map_row(m, tk.b, tk.h, i_map / m->block_q);
+        const int32_t nf = m->full_count ? m->full_count[row] : 0;
+        const int32_t np = m->partial_count ? m->partial_count[row] : 0;
+        const int32_t *f = nf ? m->full_index + row * m->index_stride : NULL;
+        const int32_t *p = np ? m->partial_index + row * m->index_stride : NULL;
+        for (int32_t x = 0, y = 0; x < nf || y < np;) {
+            const int partial = x >= nf || (y < np && p[y] < f[x]);
+            const int64_t kb = partial ? p[y] : f[x];
+            const int64_t n = partial ? y++ : (x++, -1);
+            int64_t j0 = kb * m->block_kv, j1 = j0 + m->block_kv;
+            j0 = j0 > k_lo ? j0 : k_lo;
+            j1 = j1 < k_hi ? j1 : k_hi;
+            if (j0 < j1) /* j0 moved: the window's start inside the block; bits stay by key */
+                sparse_keys(c, w, &tk, off, i_map, i_end, j0, (int)(j1 - j0), row, n);
+        }
+    }
+    for (int q = 0; q < tk.nqb; q++) {
+        const int64_t i0 = i_map + (int64_t)q * BQ;
+        store_out(c, w, &w->qb[q], &tk, i0, flash_block_rows(i_end, i0, BQ));
+    }
+}
+
+/* Listed key blocks of task t (keys in window-only calls): its cost. */
+static int64_t sparse_cost(const sparse_job *jb, int64_t t)
+{
+    const sdpa_call *c = jb->c;
+    const sdpa_block_map *m = c->mask->blocks;
+    int64_t i_end;
+    const flash_task tk = sparse_task_make(jb, t, &i_end);
+    if (m) {
+        const int64_t row = sdpa__map_row(m, tk.b, tk.h, tk.i_first / m->block_q);
+        return (m->full_count ? m->full_count[row] : 0) +
+               (m->partial_count ? m->partial_count[row] : 0);
+    }
+    int64_t len_q, len_kv, lo, hi, k_lo = 0, k_hi = tk.kv_end;
+    sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
+    sparse_window(c, &tk, len_kv - len_q, tk.i_first, &lo, &hi);
+    k_lo = lo > k_lo ? lo : k_lo;
+    sparse_window(c, &tk, len_kv - len_q, i_end - 1, &lo, &hi);
+    k_hi = hi < INT64_MAX && hi + 1 < k_hi ? hi + 1 : k_hi;
+    return k_hi > k_lo ? (k_hi - k_lo + SPARSE_BQ - 1) / SPARSE_BQ : 0;
+}
+
+/* Tasks in decreasing cost by a counting sort (costs are block counts,
+ * at most Skv / 64 + 1). */
+static sdpa_status sparse_order(sparse_job *jb, int64_t n_tasks)
+{
+    const int64_t max_cost = jb->c->desc.Skv / 64 + 2;
+    int64_t *cost = sdpa__malloc(sizeof *cost * (size_t)(n_tasks + max_cost + 1));
+    jb->order = sdpa__malloc(sizeof *jb->order * (size_t)n_tasks);
+    if (!cost || !jb->order) {
+        free(cost), free(jb->order);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate the order of %lld tasks",
+                          KERNEL_NAME, (long long)n_tasks);
+    }
+    int64_t *start = cost + n_tasks; /* [max_cost + 1] */
+    memset(start, 0, sizeof *start * (size_t)(max_cost + 1));
+    for (int64_t t = 0; t < n_tasks; t++) {
+        cost[t] = sparse_cost(jb, t);
+        cost[t] = cost[t] < max_cost ? cost[t] : max_cost - 1;
+        start[max_cost - 1 - cost[t]]++;
+    }
+    for (int64_t k = 0, sum = 0; k <= max_cost; k++) {
+        const int64_t n = start[k];
+        start[k] = sum, sum += n;
+    }
+    for (int64_t t = 0; t < n_tasks; t++)
+        jb->order[start[max_cost - 1 - cost[t]]++] = t;
+    free(cost);
+    return SDPA_OK;
+}
+
+#endif
