@@ -267,7 +267,8 @@ int cmd_bench(int argc, char **argv)
                "min_ms", "max_ms", "GFLOP/s", "%peak", "x portable", "x blas", "%bw", "");
     }
 
-    double *t = malloc(sizeof(double) * (size_t)reps * (MAX_BENCH_BACKENDS + 1));
+    double *t = malloc(sizeof(double) * (size_t)reps * (2 * MAX_BENCH_BACKENDS + 1));
+    double *tdense = t ? t + (size_t)reps * (MAX_BENCH_BACKENDS + 1) : NULL; /* sparse rows */
     stream_reader *reader = NULL; /* made at the first few-query row */
     static double plot_gf[MAX_ROWS * MAX_BENCH_BACKENDS];
     if (!t) {
@@ -284,16 +285,30 @@ int cmd_bench(int argc, char **argv)
             rc = tool_usage_error("row %s: out of memory for its tensors", rows[r].name);
             break;
         }
+        char sp_err[256];
+        if (problem_sparse(&pb, &rows[r], sp_err, sizeof sp_err) != 0) {
+            rc = tool_usage_error("row %s: %s", rows[r].name, sp_err);
+            problem_free(&pb);
+            break;
+        }
         if (backward && !problem_backward_make(&pg, &pb, ctx, d)) {
             rc = tool_usage_error("row %s: its forward call for the backward pass: %s",
                                   rows[r].name, sdpa_last_error());
             problem_free(&pb);
             break;
         }
+        /* A sparse row: every backend also runs the dense call (the same
+         * masks but the pattern) in its own turns, for the speed-up over
+         * it; GFLOP/s count the keys the pattern visits. */
+        const int sparse = rows[r].sparse[0] != 0;
+        const double visited = sparse ? pb.sparse.density : 1.0;
+        sdpa_mask dense_store = pb.mask_store;
+        dense_store.window = NULL, dense_store.blocks = NULL;
+        const sdpa_mask *dense_mask = pb.lens ? &dense_store : NULL;
         sdpa_tensor tq = pb.q, tk = pb.k, tv = pb.v, to = pb.out;
         const char *chosen = dispatcher_choice(ctx, d);
         char padded[48] = ""; /* a padded row says so; GFLOP/s count its real keys */
-        if (d->mask)
+        if (pb.lens)
             snprintf(padded, sizeof padded, "seq_len_kv=%lld", (long long)rows[r].seq_len_kv);
         char refused[MAX_BENCH_BACKENDS][256];
         sdpa_status status[MAX_BENCH_BACKENDS];
@@ -328,19 +343,32 @@ int cmd_bench(int argc, char **argv)
         const void *kv_mem[2] = {tk.data, tv.data};
         const size_t kv_bytes[2] = {tensor_span(&tk), tensor_span(&tv)};
         double *tbw = t + (size_t)reps * MAX_BENCH_BACKENDS, bw_med = 0;
+        const int turns = nb + few + (sparse ? nb : 0);
         for (long long rep = 0; rep < reps; rep++)
-            for (int j = 0; j < nb + few; j++) {
-                int b = (int)((j + rep) % (nb + few));
-                if (b == nb) {
+            for (int j = 0; j < turns; j++) {
+                int b = (int)((j + rep) % turns);
+                if (few && b == nb) {
                     tbw[rep] = stream_read_ms(reader, kv_mem, kv_bytes, 2);
                     continue;
                 }
+                const int dense_turn = b >= nb + few;
+                if (dense_turn)
+                    b -= nb + few;
                 if (refused[b][0])
                     continue;
                 sdpa_params p = SDPA_PARAMS_DEFAULT;
                 p.backend = names[b];
                 p.causal = d->causal;
-                p.mask = pb.mask;
+                p.mask = dense_turn ? dense_mask : pb.mask;
+                if (dense_turn) {
+                    const double t0 = tool_now_ms();
+                    const sdpa_status st =
+                        backward ? sdpa_backward(ctx, &tq, &tk, &tv, &to, pb.lse, &pg.dout, NULL,
+                                                 &pg.dq, &pg.dk, &pg.dv, &p)
+                                 : sdpa_forward(ctx, &tq, &tk, &tv, &to, NULL, &p);
+                    tdense[b * reps + rep] = st == SDPA_OK ? tool_now_ms() - t0 : -1.0;
+                    continue;
+                }
                 double t0 = tool_now_ms();
                 sdpa_status st = backward ? sdpa_backward(ctx, &tq, &tk, &tv, &to, pb.lse,
                                                           &pg.dout, NULL, &pg.dq, &pg.dk,
@@ -357,11 +385,18 @@ int cmd_bench(int argc, char **argv)
             qsort(tbw, (size_t)reps, sizeof(double), cmp_double);
             bw_med = reps % 2 ? tbw[reps / 2] : 0.5 * (tbw[reps / 2 - 1] + tbw[reps / 2]);
         }
-        double med[MAX_BENCH_BACKENDS];
+        double med[MAX_BENCH_BACKENDS], med_dense[MAX_BENCH_BACKENDS] = {0};
         int winner = -1;
         for (int b = 0; b < nb; b++) {
             if (refused[b][0])
                 continue;
+            if (sparse) { /* a failed dense call (-1) sorts first: no figure then */
+                qsort(&tdense[b * reps], (size_t)reps, sizeof(double), cmp_double);
+                med_dense[b] = tdense[b * reps] < 0 ? 0.0
+                               : reps % 2 ? tdense[b * reps + reps / 2]
+                                          : 0.5 * (tdense[b * reps + reps / 2 - 1] +
+                                                   tdense[b * reps + reps / 2]);
+            }
             qsort(&t[b * reps], (size_t)reps, sizeof(double), cmp_double);
             med[b] = reps % 2 ? t[b * reps + reps / 2]
                               : 0.5 * (t[b * reps + reps / 2 - 1] + t[b * reps + reps / 2]);
@@ -374,9 +409,11 @@ int cmd_bench(int argc, char **argv)
             failed |= status[b] != SDPA_OK;
             const double mn = t[b * reps], mx = t[b * reps + reps - 1];
             const double gf = refused[b][0] ? 0.0
-                                            : (backward ? 2.5 : 1.0) *
+                                            : (backward ? 2.5 : 1.0) * visited *
                                                   suite_flops(d, rows[r].seq_len_kv) /
                                                   (med[b] * 1e6);
+            const double vs_dense =
+                sparse && !refused[b][0] && med_dense[b] > 0 ? med_dense[b] / med[b] : 0.0;
             const double pct = bceil[b] > 0 ? 100.0 * gf / bceil[b] : 0.0;
             plot_gf[r * nb + b] = gf;
             const double vs_portable = base_portable >= 0 && !refused[base_portable][0] &&
@@ -410,6 +447,14 @@ int cmd_bench(int argc, char **argv)
                     printf(",\"speedup_vs_portable\":%.3f", vs_portable);
                 if (vs_blas > 0)
                     printf(",\"speedup_vs_blas\":%.3f", vs_blas);
+                if (sparse) {
+                    printf(",\"sparse\":");
+                    suite_json_string(rows[r].sparse);
+                    printf(",\"density\":%.4f", visited);
+                    if (vs_dense > 0)
+                        printf(",\"dense_ms\":%.4f,\"speedup_vs_dense\":%.3f", med_dense[b],
+                               vs_dense);
+                }
                 if (few && !refused[b][0])
                     printf(",\"pct_bandwidth\":%.2f,\"stream_gbps\":%.2f",
                            100.0 * bw_med / med[b],
@@ -437,6 +482,11 @@ int cmd_bench(int argc, char **argv)
                        d->causal ? "yes" : "no", names[b], med[b], mn, mx, gf, pct, rp, rb, rw,
                        b == winner ? "winner " : "",
                        strcmp(names[b], chosen) == 0 ? "chosen " : "", padded);
+                if (sparse) /* the speed-up over the backend's own dense call, and its ideal */
+                    printf("%-20s   sparse=%s density %.3f: dense %.3f ms, x dense %.2f "
+                           "(ideal 1/density %.2f, target 0.8/density %.2f)\n",
+                           "", rows[r].sparse, visited, med_dense[b], vs_dense, 1.0 / visited,
+                           0.8 / visited);
             }
         }
         if (!json && few)

@@ -55,6 +55,18 @@ static int read_suite(const char *path, row *rows, int *n_rows)
                                         v[2] < INT32_MAX ? v[2] : INT32_MAX);
             }
             r->seq_len_kv = real, r->d.mask = SDPA_MASK_KIND_SEQ_LEN;
+            tok = strtok_r(NULL, "\t \n", &save);
+        }
+        if (tok && strncmp(tok, "sparse=", 7) == 0) { /* the sparse column */
+            const unsigned kind = sparse_spec_kind(tok + 7);
+            if (!kind || strlen(tok + 7) >= sizeof r->sparse) {
+                fclose(f);
+                return tool_usage_error("%s:%d: '%s': expected sparse=SPEC with SPEC "
+                                        "window=..., nbhd=..., sta=..., radial=... or random=...",
+                                        path, lineno, tok);
+            }
+            strcpy(r->sparse, tok + 7);
+            r->d.mask |= kind;
         }
         if (r->d.Hq % r->d.Hkv) {
             fclose(f);
@@ -289,7 +301,23 @@ void problem_free(problem *p)
 {
     free(p->q.data), free(p->k.data), free(p->v.data), free(p->out.data), free(p->lse);
     free(p->lens);
+    sparse_pattern_free(&p->sparse);
     memset(p, 0, sizeof *p);
+}
+
+int problem_sparse(problem *p, const row *r, char *err, size_t n)
+{
+    if (!r->sparse[0])
+        return 0;
+    if (sparse_spec_build(r->sparse, &r->d, &p->sparse, err, n) != 0)
+        return -1;
+    if (!p->mask) {
+        sdpa_mask m0 = SDPA_MASK_DEFAULT;
+        p->mask_store = m0;
+        p->mask = &p->mask_store;
+    }
+    sparse_pattern_apply(&p->sparse, &p->mask_store);
+    return 0;
 }
 
 int suite_claims(sdpa_context *ctx, const sdpa_call_desc *d, sdpa_dtype dtype,

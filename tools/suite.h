@@ -6,6 +6,7 @@
 #define SDPA_SUITE_H
 
 #include "sdpa.h"
+#include "sparse_spec.h"
 
 #include <stddef.h>
 
@@ -16,12 +17,15 @@ typedef struct row {
     sdpa_call_desc d;
     int64_t seq_len_kv; /* padding: real keys of every batch entry (d.mask has
                          * SDPA_MASK_KIND_SEQ_LEN), or 0 for none */
+    char sparse[96];    /* a sparse pattern (sparse_spec.h; d.mask has its
+                         * kind), or "" for none */
 } row;
 
 /* Rows from --suite FILE or --shape B,Sq,Skv,Hq,Hkv,D (exactly one given);
  * 0, or an exit code after printing the problem. A suite line is
- * name B Sq Skv Hq Hkv D causal [seq_len_kv=N] description: the optional
- * column pads every batch entry's keys past N (text padded to Skv). */
+ * name B Sq Skv Hq Hkv D causal [seq_len_kv=N] [sparse=SPEC] description:
+ * the optional columns pad every batch entry's keys past N (text padded to
+ * Skv), and give the call a sparse pattern (sparse_spec.h). */
 int suite_load(const char *suite, const char *shape, row *rows, int *n_rows);
 
 /*
@@ -69,7 +73,12 @@ typedef struct problem {
     const sdpa_mask *mask;
     sdpa_mask mask_store;
     int32_t *lens;
+    sparse_pattern sparse; /* problem_sparse */
 } problem;
+
+/* Adds row r's sparse pattern (if any) to p's mask. 0, or -1 with the
+ * problem in err. */
+int problem_sparse(problem *p, const row *r, char *err, size_t n);
 
 int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_dtype dtype,
                  int with_lse);

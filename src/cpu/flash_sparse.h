@@ -79,13 +79,26 @@ static void sparse_mask_tile(const sdpa_call *c, float *st, const flash_task *tk
         }
     }
     if (n >= 0 && mk->blocks->partial_bits) {
+        /* row by row, only the hidden keys' scores are touched (a row's
+         * bits are block_kv / 64 whole words): the cost is one store per
+         * hidden score, not a bit test per score */
         const sdpa_block_map *m = mk->blocks;
-        for (int j = 0; j < bk; j++) {
-            float *col = st + (ptrdiff_t)j * BQ;
-            const int64_t cj = (j0 + j) % m->block_kv;
-            for (int r = 0; r < rows; r++)
-                if (!sdpa__map_bit(m, row, n, i0 + r - i_map, cj))
-                    col[r] = -INFINITY;
+        const int wpr = m->block_kv / 64, c0 = (int)(j0 % m->block_kv);
+        const uint64_t *bits = m->partial_bits + (row * m->index_stride + n) * sdpa__map_words(m);
+        for (int r = 0; r < rows; r++) {
+            const uint64_t *rw = bits + (i0 + r - i_map) * wpr;
+            for (int wi = 0; wi < wpr; wi++) {
+                const int lo = c0 - 64 * wi > 0 ? c0 - 64 * wi : 0;
+                const int hi = c0 + bk - 64 * wi < 64 ? c0 + bk - 64 * wi : 64;
+                if (lo >= hi)
+                    continue;
+                const uint64_t cols = (hi == 64 ? ~(uint64_t)0 : ((uint64_t)1 << hi) - 1) &
+                                      ~(((uint64_t)1 << lo) - 1);
+                for (uint64_t hidden = ~rw[wi] & cols; hidden; hidden &= hidden - 1) {
+                    const int j = 64 * wi + __builtin_ctzll(hidden) - c0;
+                    st[(ptrdiff_t)j * BQ + r] = -INFINITY;
+                }
+            }
         }
     }
     if (mk->key) {
