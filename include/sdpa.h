@@ -803,7 +803,8 @@ sdpa_status sdpa_info(sdpa_context *ctx, int json, char **text);
 
 /*
  * The size of a public struct as this library was built ("sdpa_tensor",
- * "sdpa_params", "sdpa_mask", "sdpa_call_desc", "sdpa_layer_desc",
+ * "sdpa_params", "sdpa_mask", "sdpa_window", "sdpa_block_map",
+ * "sdpa_neighborhood_3d", "sdpa_call_desc", "sdpa_layer_desc",
  * "sdpa_context_options"), or 0 for another name: a binding that mirrors
  * them (the Python package) checks its copies against the library it
  * loaded.

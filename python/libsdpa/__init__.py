@@ -30,6 +30,7 @@ import numpy as np
 
 from . import _arrays as A
 from . import _capi as C
+from .sparse import BlockMap  # noqa: E402  (block-sparse maps)
 from ._capi import (DeviceError, Error, InternalError, InvalidArgumentError,  # noqa: F401
                     NotAvailableError, OutOfMemoryError, UnsupportedError)
 
@@ -113,7 +114,8 @@ class _Call:
     """One attention call prepared: views, output, LSE, params, mask."""
 
     def __init__(self, q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
-                 quant, component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=True):
+                 quant, component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=True,
+                 block_mask=None, window=None):
         self.q = A.view(q, "q", layout)
         self.k = A.view(k, "k", layout)
         self.v = A.view(v, "v", layout)
@@ -135,6 +137,8 @@ class _Call:
         self.params.backend, self.params.quant, self.params.component = self._strings
         self.mask, self._mask_keep = A.build_mask(self.q, B, Hq, Sq, Skv, attn_mask, seq_len_q,
                                                   seq_len_kv, key_mask)
+        if block_mask is not None or window is not None:
+            self._sparse(block_mask, window)
         if self.mask is not None:
             self.params.mask = ctypes.pointer(self.mask)
         self.torch = A.is_torch(q)
@@ -153,6 +157,27 @@ class _Call:
         self.lse_obj = self._empty(q, (B, Hq, Sq), "float32") if return_lse else None
         self.lse_ptr = (None if self.lse_obj is None else
                         (self.lse_obj.data_ptr() if self.torch else self.lse_obj.ctypes.data))
+
+    def _sparse(self, block_mask, window):
+        """The block map and the 1-D window (sdpa.h) on the call's mask."""
+        from . import sparse
+        if self.mask is None:
+            self.mask, self._mask_keep = C.Mask(), ()
+        keep = list(self._mask_keep)
+        if block_mask is not None:
+            m = sparse.as_block_map(block_mask)
+            keep.append(m)
+            self.mask.blocks = ctypes.pointer(m.c_struct)
+        if window is not None:
+            try:
+                left, right = (int(x) for x in window)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"window is {window!r}, expected (left, right) key "
+                                           "counts, -1 for unbounded") from None
+            w = C.Window(left, right)
+            keep.append(w)
+            self.mask.window = ctypes.pointer(w)
+        self._mask_keep = tuple(keep)
 
     def _empty(self, q, shape, dtype):
         if self.torch:
@@ -173,7 +198,8 @@ class _Call:
 
 def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
               return_lse=False, out=None, backend=None, layer=None, quant=None, component=None,
-              attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+              attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None, block_mask=None,
+              window=None):
     """Scaled-dot-product attention of q [B, Sq, Hq, D] with k, v [B, Skv, Hkv, D]
     (layout "bshd"; "bhsd" for [B, H, S, D] arrays).
 
@@ -184,8 +210,16 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
     whose latch and choice to use. attn_mask: torch's meaning, boolean
     (True attends) or additive, broadcastable to [B, Hq, Sq, Skv];
     seq_len_q / seq_len_kv: real lengths per batch entry (padding);
-    key_mask: boolean [B, Skv]. Returns out, or (out, lse) with return_lse.
+    key_mask: boolean [B, Skv]. block_mask: a libsdpa.BlockMap or a torch
+    FlexAttention BlockMask (only its listed key blocks are computed);
+    window: (left, right) keys around the diagonal, FlashAttention's
+    sliding window (-1 unbounded). Returns out, or (out, lse) with
+    return_lse.
     """
+    if block_mask is not None or window is not None:
+        return _sparse_attention(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out,
+                                 backend, quant, component, attn_mask, seq_len_q, seq_len_kv,
+                                 key_mask, block_mask, window)
     if (type(q) is _fast_tensor_type and layer is None and out is None and attn_mask is None and
             seq_len_q is None and seq_len_kv is None and key_mask is None and
             _threads_set is None and _PREPARED):  # the hit path in C (_fastcall.c), first
@@ -224,11 +258,13 @@ def attention(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa
 
 def _forward(q, k, v, *, layout="bshd", is_causal=False, scale=None, enable_gqa=None,
              return_lse=False, out=None, backend=None, quant=None, component=None,
-             attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+             attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None, block_mask=None,
+             window=None):
     """attention()'s general path, without autograd: what torch.ops.libsdpa's
     operators run (inside them autograd is the operator's own business)."""
     call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend, quant,
-                 component, attn_mask, seq_len_q, seq_len_kv, key_mask)
+                 component, attn_mask, seq_len_q, seq_len_kv, key_mask, block_mask=block_mask,
+                 window=window)
     return call.run(C.lib.sdpa_forward, _context().handle)
 
 
@@ -255,7 +291,8 @@ def _lse_arg(x, name, B, Hq, Sq, writable=False, device="cpu"):
 
 def backward(q, k, v, out, lse, dout, *, layout="bshd", is_causal=False, scale=None,
              enable_gqa=None, dlse=None, backend=None, layer=None, quant=None, component=None,
-             attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None):
+             attn_mask=None, seq_len_q=None, seq_len_kv=None, key_mask=None, block_mask=None,
+             window=None):
     """The gradients (dq, dk, dv) of out = attention(q, k, v, ...) for the
     output's gradient dout (sdpa_backward): q, k, v and the keywords as
     the forward call had them, out and lse (return_lse=True) as it returned
@@ -266,7 +303,8 @@ def backward(q, k, v, out, lse, dout, *, layout="bshd", is_causal=False, scale=N
     attention() on torch tensors that require grad; call it directly to
     drive a backward pass by hand (numpy, or torch without autograd)."""
     call = _Call(q, k, v, layout, is_causal, scale, enable_gqa, False, None, backend, quant,
-                 component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=False)
+                 component, attn_mask, seq_len_q, seq_len_kv, key_mask, allocate=False,
+                 block_mask=block_mask, window=window)
     B, Sq, Skv, Hq, Hkv, D = call.shape
     vo, vd = A.view(out, "out", layout), A.view(dout, "dout", layout)
     where = "cpu" if call.q.device[0] == C.DEVICE_CPU else "cuda"
@@ -292,6 +330,44 @@ def backward(q, k, v, out, lse, dout, *, layout="bshd", is_causal=False, scale=N
     del lse_obj, dlse_obj
     C.check(st, "backward")
     return grads
+
+
+def _sparse_attention(q, k, v, layout, is_causal, scale, enable_gqa, return_lse, out, backend,
+                      quant, component, attn_mask, seq_len_q, seq_len_kv, key_mask, block_mask,
+                      window):
+    """attention() with a block map or a window: the general path, and under
+    autograd a torch.autograd.Function whose backward is sdpa_backward with
+    the same map (a map is not a tensor, so torch.ops.libsdpa cannot carry it)."""
+    from . import sparse
+    block_mask = sparse.as_block_map(block_mask)  # a BlockMask converts once, here
+    kw = dict(layout=layout, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+              backend=backend, quant=quant, component=component, attn_mask=attn_mask,
+              seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, key_mask=key_mask,
+              block_mask=block_mask, window=window)
+    if not _wants_grad(q, k, v):
+        return _forward(q, k, v, return_lse=return_lse, out=out, **kw)
+    if out is not None:
+        raise InvalidArgumentError("out= with inputs that require grad: autograd cannot see a "
+                                   "result written in place (drop out=, or run under "
+                                   "torch.no_grad())")
+    torch = sys.modules["torch"]
+
+    class _Sparse(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx, q, k, v):
+            o, lse = _forward(q.detach(), k.detach(), v.detach(), return_lse=True, **kw)
+            fctx.save_for_backward(q, k, v, o, lse)
+            fctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        def backward(fctx, do, dlse):
+            q, k, v, o, lse = fctx.saved_tensors
+            return backward(q.detach(), k.detach(), v.detach(), o, lse, do.contiguous(),
+                            dlse=None if dlse is None else dlse.contiguous(), **kw)
+
+    o, lse = _Sparse.apply(q, k, v)
+    return (o, lse) if return_lse else o
 
 
 def _wants_grad(*xs):

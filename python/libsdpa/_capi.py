@@ -70,11 +70,31 @@ class Tensor(ctypes.Structure):
                 ("size", _i64x4), ("stride", _i64x4)]
 
 
+class Window(ctypes.Structure):
+    _fields_ = [("left", ctypes.c_int64), ("right", ctypes.c_int64)]
+
+
+class BlockMap(ctypes.Structure):
+    _fields_ = [("block_q", ctypes.c_int32), ("block_kv", ctypes.c_int32),
+                ("batch", ctypes.c_int64), ("heads", ctypes.c_int64),
+                ("q_blocks", ctypes.c_int64), ("kv_blocks", ctypes.c_int64),
+                ("index_stride", ctypes.c_int64),
+                ("full_count", _p), ("full_index", _p), ("partial_count", _p),
+                ("partial_index", _p), ("partial_bits", _p)]
+
+
+class Neighborhood3d(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_int64 * 3), ("tile", ctypes.c_int64 * 3), ("windows", _p),
+                ("heads", ctypes.c_int64), ("prefix", ctypes.c_int64),
+                ("causal_time", ctypes.c_int)]
+
+
 class Mask(ctypes.Structure):
     _fields_ = [("seq_len_q", _p), ("seq_len_kv", _p), ("key", _p),
                 ("key_stride", ctypes.c_int64 * 2), ("general", _p),
                 ("general_type", ctypes.c_int), ("general_dtype", ctypes.c_int),
-                ("general_stride", _i64x4)]
+                ("general_stride", _i64x4), ("window", ctypes.POINTER(Window)),
+                ("blocks", ctypes.POINTER(BlockMap))]
 
 
 class Params(ctypes.Structure):
@@ -154,6 +174,11 @@ _PROTOTYPES = {
     "sdpa_explain": (ctypes.c_int, [_p, ctypes.POINTER(CallDesc), ctypes.c_int,
                                     ctypes.POINTER(_p)]),
     "sdpa_info": (ctypes.c_int, [_p, ctypes.c_int, ctypes.POINTER(_p)]),
+    "sdpa_block_map_3d": (ctypes.c_int, [ctypes.POINTER(Neighborhood3d), ctypes.c_int32,
+                                         ctypes.POINTER(ctypes.POINTER(BlockMap))]),
+    "sdpa_block_map_free": (None, [ctypes.POINTER(BlockMap)]),
+    "sdpa_block_map_density": (ctypes.c_double, [ctypes.POINTER(BlockMap), ctypes.c_int64,
+                                                 ctypes.c_int64]),
     "sdpa_measure_ceiling": (ctypes.c_int, [_p, _s, ctypes.POINTER(ctypes.c_double),
                                             ctypes.POINTER(_s)]),
 }
@@ -163,6 +188,8 @@ for _name, (_res, _args) in _PROTOTYPES.items():
 
 # The mirrored structs must be the library's: a mismatch would pass garbage.
 for _cname, _py in (("sdpa_tensor", Tensor), ("sdpa_params", Params), ("sdpa_mask", Mask),
+                    ("sdpa_window", Window), ("sdpa_block_map", BlockMap),
+                    ("sdpa_neighborhood_3d", Neighborhood3d),
                     ("sdpa_call_desc", CallDesc), ("sdpa_layer_desc", LayerDesc),
                     ("sdpa_context_options", ContextOptions)):
     _want = lib.sdpa_struct_size(_cname.encode())

@@ -99,6 +99,9 @@ size_t sdpa_struct_size(const char *name)
     } sizes[] = {{"sdpa_tensor", sizeof(sdpa_tensor)},
                  {"sdpa_params", sizeof(sdpa_params)},
                  {"sdpa_mask", sizeof(sdpa_mask)},
+                 {"sdpa_window", sizeof(sdpa_window)},
+                 {"sdpa_block_map", sizeof(sdpa_block_map)},
+                 {"sdpa_neighborhood_3d", sizeof(sdpa_neighborhood_3d)},
                  {"sdpa_call_desc", sizeof(sdpa_call_desc)},
                  {"sdpa_layer_desc", sizeof(sdpa_layer_desc)},
                  {"sdpa_context_options", sizeof(sdpa_context_options)}};

@@ -4,8 +4,9 @@
  * and online softmax it reuses.
  *
  * A task is one (batch, query head, map query block): block_q rows (128
- * for a window without a map), held as ceil(block_q / BQ) resident query
- * blocks while the key blocks it lists stream past. Only listed key blocks
+ * for a window without a map; up to SPARSE_ROWS when consecutive map rows
+ * list the same blocks without bits), held as resident query blocks
+ * while the key blocks it lists stream past. Only listed key blocks
  * are packed and multiplied; a FULL one is never masked unless the call's
  * own causal, window, key or general mask crosses it (one comparison per
  * tile decides), a PARTIAL one has its bits applied. A window without a
@@ -23,14 +24,22 @@
 #include "../core/sparse.h"
 #include "../core/alloc.h"
 
-/* The largest map block (sdpa.h: 64 or 128) and the window-only task. */
+/* The window-only task's rows and key blocks; the most rows of a task:
+ * consecutive map rows with the same lists and no bits (a FULL-only map,
+ * STA's tiles of three blocks) share their packed K/V blocks as one task
+ * of up to SPARSE_ROWS rows, a whole number of query blocks of every
+ * kernel (48 or 24 rows): 128-row tasks left a third block of 32 rows,
+ * and ran a FULL-only map at 0.95x the dense kernel. */
 #define SPARSE_BQ 128
+#define SPARSE_ROWS 384
 
 typedef struct sparse_job {
     const sdpa_call *c;
     workspace *ws;
-    int64_t block_q, n_qblocks; /* map query blocks per (b, h)       */
-    int64_t *order;             /* tasks, most listed blocks first   */
+    int64_t block_q, n_qblocks; /* map query blocks per (b, h)                 */
+    int64_t *order;             /* first map rows of the tasks, most work first */
+    uint8_t *group;             /* per map row: the rows of the task it leads   */
+    int64_t n_tasks;
 } sparse_job;
 
 static int sparse_applies(const sdpa_call *c)
@@ -112,6 +121,30 @@ static void sparse_mask_tile(const sdpa_call *c, float *st, const flash_task *tk
         mask_tile_general(st, bk, NULL, j0, i0, rows, mk, tk->b, tk->h);
 }
 
+/* Whether any of rows i0 .. i0 + rows sees any of keys j0 .. j0 + bk by
+ * the bits of partial entry n of map row `row` (whose first row is
+ * i_map): a kernel block none of whose rows sees the tile skips it. */
+static int sparse_bits_any(const sdpa_block_map *m, int64_t row, int64_t n, int64_t i0, int rows,
+                           int64_t j0, int bk, int64_t i_map)
+{
+    const int wpr = m->block_kv / 64, c0 = (int)(j0 % m->block_kv);
+    const uint64_t *bits = m->partial_bits + (row * m->index_stride + n) * sdpa__map_words(m);
+    for (int wi = 0; wi < wpr; wi++) {
+        const int lo = c0 - 64 * wi > 0 ? c0 - 64 * wi : 0;
+        const int hi = c0 + bk - 64 * wi < 64 ? c0 + bk - 64 * wi : 64;
+        if (lo >= hi)
+            continue;
+        const uint64_t cols =
+            (hi == 64 ? ~(uint64_t)0 : ((uint64_t)1 << hi) - 1) & ~(((uint64_t)1 << lo) - 1);
+        uint64_t any = 0;
+        for (int r = 0; r < rows; r++)
+            any |= bits[(i0 + r - i_map) * wpr + wi];
+        if (any & cols)
+            return 1;
+    }
+    return 0;
+}
+
 /* Keys j0 .. j0 + bk, for every resident query block of the task. */
 static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task *tk,
                         int64_t off, int64_t i_map, int64_t i_end, int64_t j0, int bk, int64_t row,
@@ -119,7 +152,7 @@ static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task
 {
     const sdpa_mask *mk = c->mask;
     const int64_t D = c->desc.D;
-    load_kv(c, w, tk, NULL, j0, bk);
+    const kv_tile kt = load_kv(c, w, tk, NULL, j0, bk, 1);
     for (int q = 0; q < tk->nqb; q++) {
         const qblock *qb = &w->qb[q];
         const int64_t i0 = i_map + (int64_t)q * BQ;
@@ -132,16 +165,19 @@ static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task
         sparse_window(c, tk, off, i_last, &lo_last, &hi_last);
         if (j0 > hi_last || j0 + bk - 1 < lo_first)
             continue;
+        if (n >= 0 && mk->blocks->partial_bits &&
+            !sparse_bits_any(mk->blocks, row, n, i0, rows, j0, bk, i_map))
+            continue; /* the block's bits show these rows none of its keys */
         const int masked = (n >= 0 && mk->blocks->partial_bits) || mk->key || mk->general ||
                            (tk->causal && j0 + bk - 1 > i0 + tk->offset) || j0 < lo_last ||
                            j0 + bk - 1 > hi_first;
         const int qv = (rows + VL - 1) / VL;
         vec mx[QV];
-        vec *mxp = scores_max(c, w, qb, bk, qv, masked, mx);
+        vec *mxp = scores_max(c, w, &kt, qb, bk, qv, masked, mx);
         if (masked)
             sparse_mask_tile(c, w->st, tk, off, i0, rows, j0, bk, row, n, i_map);
         softmax_tile(w->st, bk, qb, D, qv, mxp, score_scale(c));
-        values(c, w, qb, bk, qv, 1);
+        values(c, w, &kt, qb, bk, qv, 1);
     }
 }
 
@@ -151,7 +187,7 @@ static flash_task sparse_task_make(const sparse_job *jb, int64_t task, int64_t *
     const sdpa_call *c = jb->c;
     const sdpa_call_desc *d = &c->desc;
     flash_task t;
-    const int64_t bh = task / jb->n_qblocks, qb = task % jb->n_qblocks;
+    const int64_t bh = task / jb->n_qblocks, qb = task % jb->n_qblocks, rows = jb->group[task];
     t.b = bh / d->Hq, t.h = bh % d->Hq, t.hk = t.h / (d->Hq / d->Hkv);
     t.group = 1, t.Sq = d->Sq;
     t.causal = c->causal != SDPA_CAUSAL_NONE;
@@ -159,7 +195,7 @@ static flash_task sparse_task_make(const sparse_job *jb, int64_t task, int64_t *
     sdpa__seq_lens(c, t.b, &t.len_q, &len_kv);
     t.offset = sdpa_causal_offset(c->causal, t.len_q, len_kv);
     t.i_first = qb * jb->block_q;
-    *i_end = t.i_first + jb->block_q < d->Sq ? t.i_first + jb->block_q : d->Sq;
+    *i_end = t.i_first + rows * jb->block_q < d->Sq ? t.i_first + rows * jb->block_q : d->Sq;
     t.nqb = (int)((*i_end - t.i_first + BQ - 1) / BQ);
     const int64_t real_end = *i_end < t.len_q ? *i_end : t.len_q; /* rows past len_q: padding */
     t.kv_end = real_end <= t.i_first
@@ -230,8 +266,9 @@ static int64_t sparse_cost(const sparse_job *jb, int64_t t)
     const flash_task tk = sparse_task_make(jb, t, &i_end);
     if (m) {
         const int64_t row = sdpa__map_row(m, tk.b, tk.h, tk.i_first / m->block_q);
-        return (m->full_count ? m->full_count[row] : 0) +
-               (m->partial_count ? m->partial_count[row] : 0);
+        return ((m->full_count ? m->full_count[row] : 0) +
+                (m->partial_count ? m->partial_count[row] : 0)) *
+               jb->group[t];
     }
     int64_t len_q, len_kv, lo, hi, k_lo = 0, k_hi = tk.kv_end;
     sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
@@ -242,22 +279,59 @@ static int64_t sparse_cost(const sparse_job *jb, int64_t t)
     return k_hi > k_lo ? (k_hi - k_lo + SPARSE_BQ - 1) / SPARSE_BQ : 0;
 }
 
-/* Tasks in decreasing cost by a counting sort (costs are block counts,
- * at most Skv / 64 + 1). */
-static sdpa_status sparse_order(sparse_job *jb, int64_t n_tasks)
+/* Whether map rows r and r + 1 may run as one task: the same lists, no bits. */
+static int sparse_rows_alike(const sdpa_block_map *m, int64_t r)
 {
-    const int64_t max_cost = jb->c->desc.Skv / 64 + 2;
-    int64_t *cost = sdpa__malloc(sizeof *cost * (size_t)(n_tasks + max_cost + 1));
-    jb->order = sdpa__malloc(sizeof *jb->order * (size_t)n_tasks);
-    if (!cost || !jb->order) {
-        free(cost), free(jb->order);
-        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate the order of %lld tasks",
-                          KERNEL_NAME, (long long)n_tasks);
+    const int32_t *cnt[2] = {m->full_count, m->partial_count};
+    const int32_t *idx[2] = {m->full_index, m->partial_index};
+    for (int l = 0; l < 2; l++) {
+        if (!cnt[l])
+            continue;
+        if (cnt[l][r] != cnt[l][r + 1] || (l == 1 && cnt[l][r] > 0 && m->partial_bits) ||
+            memcmp(idx[l] + r * m->index_stride, idx[l] + (r + 1) * m->index_stride,
+                   sizeof(int32_t) * (size_t)cnt[l][r]) != 0)
+            return 0;
     }
-    int64_t *start = cost + n_tasks; /* [max_cost + 1] */
+    return 1;
+}
+
+/* The tasks (groups of alike map rows, sparse_rows_alike) in decreasing
+ * cost by a counting sort (a cost is listed blocks x rows of blocks, at
+ * most (Skv / 64 + 1) SPARSE_ROWS / 64). */
+static sdpa_status sparse_order(sparse_job *jb)
+{
+    const sdpa_call_desc *d = &jb->c->desc;
+    const sdpa_block_map *m = jb->c->mask->blocks;
+    const int64_t n_rows = d->B * d->Hq * jb->n_qblocks;
+    const int64_t max_cost = (d->Skv / 64 + 2) * (SPARSE_ROWS / 64) + 1;
+    const int max_group = m ? SPARSE_ROWS / m->block_q : 1;
+    int64_t *cost = sdpa__malloc(sizeof *cost * (size_t)(n_rows + max_cost + 1));
+    jb->order = sdpa__malloc(sizeof *jb->order * (size_t)n_rows);
+    jb->group = sdpa__malloc((size_t)n_rows);
+    if (!cost || !jb->order || !jb->group) {
+        free(cost), free(jb->order), free(jb->group);
+        jb->order = NULL, jb->group = NULL;
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate the order of %lld tasks",
+                          KERNEL_NAME, (long long)n_rows);
+    }
+    jb->n_tasks = 0;
+    for (int64_t bh = 0; bh < d->B * d->Hq; bh++)
+        for (int64_t qb = 0; qb < jb->n_qblocks;) {
+            int n = 1;
+            if (m) {
+                const int64_t r0 = sdpa__map_row(m, bh / d->Hq, bh % d->Hq, qb);
+                while (n < max_group && qb + n < jb->n_qblocks &&
+                       sparse_rows_alike(m, r0 + n - 1))
+                    n++;
+            }
+            jb->group[bh * jb->n_qblocks + qb] = (uint8_t)n;
+            jb->order[jb->n_tasks++] = bh * jb->n_qblocks + qb;
+            qb += n;
+        }
+    int64_t *start = cost + n_rows; /* [max_cost + 1] */
     memset(start, 0, sizeof *start * (size_t)(max_cost + 1));
-    for (int64_t t = 0; t < n_tasks; t++) {
-        cost[t] = sparse_cost(jb, t);
+    for (int64_t t = 0; t < jb->n_tasks; t++) {
+        cost[t] = sparse_cost(jb, jb->order[t]);
         cost[t] = cost[t] < max_cost ? cost[t] : max_cost - 1;
         start[max_cost - 1 - cost[t]]++;
     }
@@ -265,9 +339,16 @@ static sdpa_status sparse_order(sparse_job *jb, int64_t n_tasks)
         const int64_t n = start[k];
         start[k] = sum, sum += n;
     }
-    for (int64_t t = 0; t < n_tasks; t++)
-        jb->order[start[max_cost - 1 - cost[t]]++] = t;
-    free(cost);
+    int64_t *tmp = sdpa__malloc(sizeof *tmp * (size_t)(jb->n_tasks ? jb->n_tasks : 1));
+    if (!tmp) {
+        free(cost);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate the order of %lld tasks",
+                          KERNEL_NAME, (long long)jb->n_tasks);
+    }
+    for (int64_t t = 0; t < jb->n_tasks; t++)
+        tmp[start[max_cost - 1 - cost[t]]++] = jb->order[t];
+    memcpy(jb->order, tmp, sizeof *tmp * (size_t)jb->n_tasks);
+    free(tmp), free(cost);
     return SDPA_OK;
 }
 
