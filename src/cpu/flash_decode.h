@@ -73,7 +73,9 @@ typedef struct decode_job {
 
 static int decode_applies(const sdpa_call *c)
 {
-    return c->desc.Hq / c->desc.Hkv * c->desc.Sq <= DECODE_ROWS;
+    /* windows and block maps are flash_sparse.h's, whatever the rows */
+    return c->desc.Hq / c->desc.Hkv * c->desc.Sq <= DECODE_ROWS &&
+           !(c->mask && (c->mask->window || c->mask->blocks));
 }
 
 /* Row r of a KV head's rows: query head and query. */

@@ -779,7 +779,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
 #ifndef TILED_PAIRS
-    if (decode_applies(c) && !sparse_applies(c)) /* few queries per head: flash_decode.h */
+    if (decode_applies(c)) /* few queries per head: flash_decode.h */
         return decode_run(self, c);
 #endif
     const sdpa_call_desc *d = &c->desc;

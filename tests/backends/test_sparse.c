@@ -190,6 +190,9 @@ static void grads_free(grads *g) { free(g->dq), free(g->dk), free(g->dv); }
 
 static char backends[SDPA_MAX_BACKENDS][32];
 static int n_backends, n_claimed;
+/* SDPA_TEST_QUICK (the TSan build): a few cases of each kind, for the
+ * threads; the other builds run them all */
+static int quick;
 
 /* One pattern on one case: ref both ways, then every claiming backend,
  * forward, and backward where it has one. */
@@ -307,6 +310,8 @@ static void maps(void)
     const sdpa_dtype dtypes[3] = {SDPA_F32, SDPA_BF16, SDPA_F16};
     for (size_t si = 0; si < sizeof sparsities / sizeof *sparsities; si++) {
         const double s = sparsities[si];
+        if (quick && si != 2 && si != 5)
+            continue;
         /* self attention, GQA, lengths not whole blocks, several map blocks */
         for (int causal = 0; causal <= 2; causal++) {
             tl_case c = {2, 300, 300, 4, 2, 64, dtypes[(si + causal) % 3], SDPA_F32,
@@ -345,6 +350,24 @@ static void maps(void)
         one_case(&c, &t.m, &w, &x, what);
         map_free(&t), free(x.key);
     }
+    /* few query rows per KV head (the kernels' decode path must not take
+     * a window or a map: found by fuzz_forward) */
+    for (int64_t sq = 1; sq <= 3; sq += 2) {
+        tl_case c = {2, sq, 300, 4, 2, 16, sq == 1 ? SDPA_BF16 : SDPA_F32, SDPA_F32,
+                     SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+        extras x = {{(int32_t)sq, 1}, {300, 150}, 1, NULL};
+        const sdpa_window w = {17, 11};
+        char what[160];
+        snprintf(what, sizeof what, "few queries (Sq=%lld) %s + window + seq_len", (long long)sq,
+                 sdpa_dtype_name(c.dtype));
+        one_case(&c, NULL, &w, &x, what);
+        test_map t;
+        map_make(&t, &c, 64, 64, 0, 1, 0.5, 1);
+        snprintf(what, sizeof what, "few queries (Sq=%lld) %s + map", (long long)sq,
+                 sdpa_dtype_name(c.dtype));
+        one_case(&c, &t.m, NULL, &x, what);
+        map_free(&t);
+    }
 }
 
 static void windows(void)
@@ -352,6 +375,8 @@ static void windows(void)
     const sdpa_window ws[] = {{0, 0}, {33, -1}, {-1, 50}, {100, 100}, {127, 0}, {5, 300}};
     for (size_t wi = 0; wi < sizeof ws / sizeof *ws; wi++)
         for (int causal = 0; causal <= 2; causal += 2) {
+            if (quick && (wi + (size_t)causal) % 4 != 1)
+                continue;
             tl_case c = {1, wi % 2 ? 200 : 333, 333, 3, wi % 3 ? 3 : 1, wi % 2 ? 72 : 64,
                          wi % 3 == 1 ? SDPA_BF16 : SDPA_F32, SDPA_F32, (sdpa_causal)causal,
                          TL_BSHD, 1, wi == 3 ? TL_PEAKED : TL_UNIFORM, 0};
@@ -418,6 +443,8 @@ static void neighborhoods(void)
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const sdpa_neighborhood_3d *nb = &cases[ci].nb;
+        if (quick && ci % 2)
+            continue;
         const int64_t N = nb->prefix + nb->grid[0] * nb->grid[1] * nb->grid[2];
         sdpa_block_map *m = NULL;
         CHECK_STATUS(sdpa_block_map_3d(nb, cases[ci].block, &m), SDPA_OK);
@@ -536,11 +563,20 @@ static void dispatch(void)
     CHECK(strstr(text, "cpu.portable") == NULL || strstr(text, "blocks mask not supported"),
           "explain says why a backend without maps is passed over: %s", text);
     sdpa_free(text);
+    /* the rule for sparse calls, whatever the CPU: the tiled kernels first */
+    sdpa_decision dec;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
+    CHECK(strcmp(dec.rule, "cpu-sparse") == 0, "f32 block map: rule %s, expected cpu-sparse",
+          dec.rule);
+    d.mask = SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_SEQ_LEN;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
+    CHECK(strcmp(dec.rule, "cpu-sparse") == 0, "f32 window with lengths: rule %s", dec.rule);
 }
 
 int main(void)
 {
     tl_seed_from_env();
+    quick = getenv("SDPA_TEST_QUICK") != NULL;
     ctx = tl_context(NULL);
     for (int i = 0; i < sdpa_backend_count(ctx); i++) {
         sdpa_backend_info b;

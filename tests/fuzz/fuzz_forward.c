@@ -6,7 +6,8 @@
  * BHSD, a view with gaps, slices of one packed QKV buffer), causal, the
  * scale (default, or negative, zero-crossing and large ones), LSE or not,
  * every mask kind (sequence lengths, a key mask broadcast or not, a boolean
- * or additive general mask broadcast over B and H) and what the values
+ * or additive general mask broadcast over B and H, a 1-D window, a block
+ * map with or without bits, and malformed maps that must be refused) and what the values
  * hold (uniform, peaked scores, NaN or Inf in q, k or v, huge v, denormal
  * q). The data come from a generator seeded by the bytes.
  *
@@ -30,7 +31,8 @@
  *     backend with one, against ref's gradients relative to their
  *     magnitude, refusals against sdpa_decide, guard bytes.
  * A failure aborts (libFuzzer keeps the input); ASan/UBSan watch the rest.
- * Run by scripts/test.sh for a bounded time over tests/fuzz/corpus/forward.
+ * Run by scripts/test.sh for a bounded time over tests/fuzz/corpus/forward;
+ * FUZZ_DEBUG=1 prints each input's call (to read a crash file's case).
  */
 #include "support/testlib.h"
 
@@ -325,8 +327,80 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         m.general_stride[3] = 1, m.general_stride[2] = Skv;
         m.general_stride[1] = bh ? 0 : Sq * Skv, m.general_stride[0] = bb ? 0 : nh * Sq * Skv;
     }
-    if (m.seq_len_q || m.seq_len_kv || m.key || m.general)
+    /* A window and a block map (sdpa.h), drawn from the generator (the
+     * byte layout of the corpus stays), and now and then a malformed map,
+     * which ref and every backend must refuse naming mask->blocks, writing
+     * nothing. Sq, Skv <= 40: one 64-block each way, the map's rows (b, h)
+     * none, FULL or PARTIAL with random bits or none. */
+    sdpa_window win = {-1, -1};
+    sdpa_block_map map;
+    int32_t *mcount = NULL, *mindex = NULL;
+    uint64_t *mbits = NULL;
+    int bad_map = 0;
+    if (rnd() > 0.3) {
+        win.left = (int64_t)((rnd() + 1) * 12) - 1, win.right = (int64_t)((rnd() + 1) * 12) - 1;
+        m.window = &win;
+    }
+    if (rnd() > 0.2) {
+        const int64_t mb_ = rnd() > 0 ? 1 : B, mh = rnd() > 0 ? 1 : Hq, rows = mb_ * mh;
+        mcount = calloc((size_t)(2 * rows), sizeof *mcount);
+        mindex = malloc(sizeof *mindex * (size_t)(4 * rows));
+        for (int64_t i = 0; i < 4 * rows; i++)
+            mindex[i] = -7; /* past a row's count: never read */
+        if (rnd() > 0)
+            mbits = calloc((size_t)(rows * 2 * 64), sizeof *mbits);
+        for (int64_t r = 0; r < rows; r++) {
+            const int kind = (int)((rnd() + 1) * 1.5) % 3; /* none, full, partial */
+            if (kind == 1)
+                mcount[r] = 1, mindex[r * 2] = 0;
+            if (kind == 2) {
+                mcount[rows + r] = 1, mindex[2 * rows + r * 2] = 0;
+                for (int w = 0; mbits && w < 64; w++)
+                    for (int bit = 0; bit < 64; bit++)
+                        if (rnd() > -0.4)
+                            mbits[(r * 2) * 64 + w] |= (uint64_t)1 << bit;
+            }
+        }
+        map = (sdpa_block_map){64, 64, mb_, mh, 1, 1, 2, mcount, mindex, mcount + rows,
+                               mindex + 2 * rows, mbits};
+        if (rnd() > 0.8) {
+            bad_map = 1 + (int)((rnd() + 1) * 2.5) % 5;
+            switch (bad_map) {
+            case 1: mcount[0] = 1, mindex[0] = 1; break;         /* a key block past the end */
+            case 2: mcount[0] = 3; break;                         /* more than index_stride */
+            case 3: mcount[0] = mcount[rows] = 1, mindex[0] = mindex[2 * rows] = 0; break;
+            case 4: map.block_q = 96; break;                      /* not 64 or 128 */
+            default: map.q_blocks = 2; break;                     /* not ceil(Sq / 64) */
+            }
+        }
+        m.blocks = &map;
+    }
+    if (m.seq_len_q || m.seq_len_kv || m.key || m.general || m.window || m.blocks)
         p.mask = &m;
+    if (getenv("FUZZ_DEBUG"))
+        fprintf(stderr, "B %lld Sq %lld Skv %lld Hq %lld Hkv %lld D %lld dt %d causal %d lens %d key %d gen %d values %d scale %g window %s %lld %lld map %s bad %d\n",
+                (long long)B, (long long)Sq, (long long)Skv, (long long)Hq, (long long)Hkv, (long long)D, (int)dt, (int)causal, lens, keyk, general, values, p.scale,
+                m.window ? "yes" : "no", (long long)win.left, (long long)win.right, m.blocks ? "yes" : "no", bad_map);
+    if (bad_map) {
+        const size_t bytes = (size_t)(B * Sq * Hq * D) * sdpa_dtype_size(odt) + TL_GUARD;
+        unsigned char *o = malloc(bytes);
+        for (int n = -1; n < n_names; n++) {
+            memset(o, 0xA5, bytes);
+            sdpa_tensor to = sdpa_tensor_bshd(o, odt, B, Sq, Hq, D);
+            p.backend = n < 0 ? "ref" : names[n];
+            if (sdpa_forward(ctx, &t[0], &t[1], &t[2], &to, NULL, &p) != SDPA_INVALID_ARGUMENT ||
+                !strstr(sdpa_last_error(), "mask->blocks"))
+                fail_here("a malformed block map was not refused naming it", p.backend,
+                          sdpa_last_error());
+            for (size_t i = 0; i < bytes; i++)
+                if (o[i] != 0xA5)
+                    fail_here("a refused block map wrote the output", p.backend, "");
+        }
+        free(o), free(key), free(gen), free(mcount), free(mindex), free(mbits);
+        for (int i = 0; i < 3; i++)
+            free(mem[i]);
+        return 0;
+    }
 
     /* ref's answer */
     const size_t oes = sdpa_dtype_size(odt), on = (size_t)(B * Sq * Hq * D);
@@ -394,7 +468,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     sdpa_call_desc desc = {SDPA_DEVICE_CPU, dt, B, Sq, Skv, Hq, Hkv, D, causal, want_lse,
                            0, NULL, NULL, NULL, 0, 0};
     desc.mask = (m.seq_len_q || m.seq_len_kv ? SDPA_MASK_KIND_SEQ_LEN : 0) |
-                (m.key ? SDPA_MASK_KIND_KEY : 0) | (m.general ? SDPA_MASK_KIND_GENERAL : 0);
+                (m.key ? SDPA_MASK_KIND_KEY : 0) | (m.general ? SDPA_MASK_KIND_GENERAL : 0) |
+                (m.window ? SDPA_MASK_KIND_WINDOW : 0) | (m.blocks ? SDPA_MASK_KIND_BLOCKS : 0);
     const int64_t gap = layout == 2 ? 5 : 0; /* output rows with gaps too */
     const size_t out_bytes = (size_t)(B * Sq * (Hq * D + gap)) * oes;
     unsigned char *out = malloc(out_bytes + TL_GUARD), *lse = malloc(lse_n * 4 + TL_GUARD);
@@ -487,7 +562,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (!nonfinite_qk && !nonfinite_v && values != 6 && values != 7)
         fuzz_backward(t, &tw, ref_lse, &p, &desc, odt, values == 1);
     free(out), free(lse), free(want), free(ref_lse), free(want_r), free(ref_lse_r), free(key),
-        free(gen);
+        free(gen), free(mcount), free(mindex), free(mbits);
     for (int i = 0; i < 3; i++)
         free(mem[i]);
     return 0;
