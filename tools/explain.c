@@ -1,5 +1,6 @@
 /* explain.c - `sdpa explain`: the dispatcher's decision for a call, and why. */
 #include "commands.h"
+#include "sparse_spec.h"
 #include "tool.h"
 
 #include <string.h>
@@ -9,9 +10,10 @@ int cmd_explain(int argc, char **argv)
     tool_flag f[] = {{"--shape", 1, NULL},     {"--dtype", 1, NULL},     {"--causal", 1, NULL},
                 {"--lse", 0, NULL},       {"--platform", 1, NULL},  {"--quant", 1, NULL},
                 {"--component", 1, NULL}, {"--backend", 1, NULL},   {"--json", 0, NULL},
-                {"--deterministic", 0, NULL}, {"--mask", 1, NULL}, {"--backward", 0, NULL}};
+                {"--deterministic", 0, NULL}, {"--mask", 1, NULL}, {"--backward", 0, NULL},
+                {"--sparse", 1, NULL}};
     enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, MASK,
-           BACKWARD, NF };
+           BACKWARD, SPARSE, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -30,9 +32,17 @@ int cmd_explain(int argc, char **argv)
         return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
                                 f[CAUSAL].value);
     if (f[MASK].value && !tool_parse_mask_kinds(f[MASK].value, &d.mask))
-        return tool_usage_error("--mask '%s' unknown, expected none, seq_len, key or general "
-                                "(a comma list for several)",
+        return tool_usage_error("--mask '%s' unknown, expected none, seq_len, key, general, "
+                                "window or blocks (a comma list for several)",
                                 f[MASK].value);
+    /* a sparse pattern: its kind joins the call's masks, its density is printed */
+    sparse_pattern sp = {0};
+    if (f[SPARSE].value) {
+        char err[256];
+        if (sparse_spec_build(f[SPARSE].value, &d, &sp, err, sizeof err) != 0)
+            return tool_usage_error("--sparse %s", err);
+        d.mask |= sparse_spec_kind(f[SPARSE].value);
+    }
     d.want_lse = f[LSE].value != NULL;
     d.deterministic = f[DET].value != NULL;
     d.backward = f[BACKWARD].value != NULL; /* sdpa_backward: it needs the forward's LSE */
@@ -42,16 +52,28 @@ int cmd_explain(int argc, char **argv)
     d.component = f[COMPONENT].value;
     d.backend = f[BACKEND].value;
     sdpa_context *ctx;
-    if ((rc = tool_context(f[PLATFORM].value, 1, &ctx)) != 0)
+    if ((rc = tool_context(f[PLATFORM].value, 1, &ctx)) != 0) {
+        sparse_pattern_free(&sp);
         return rc;
+    }
     char *text;
     sdpa_status st = sdpa_explain(ctx, &d, f[JSON].value != NULL, &text);
     if (st != SDPA_OK) {
         rc = tool_lib_error("explain", st);
+    } else if (f[SPARSE].value && f[JSON].value) { /* one more member of the object */
+        const size_t n = strlen(text);
+        printf("%.*s,\"sparse\":{\"spec\":\"%s\",\"density\":%.4f}}\n",
+               (int)(n > 0 ? n - 1 : 0), text, f[SPARSE].value, sp.density);
+        sdpa_free(text);
     } else {
         printf("%s%s", text, f[JSON].value ? "\n" : "");
+        if (f[SPARSE].value)
+            printf("sparse     %s: the call visits %.1f%% of its (query, key) pairs "
+                   "(block sparsity %.1f%%)\n",
+                   f[SPARSE].value, 100.0 * sp.density, 100.0 * (1.0 - sp.density));
         sdpa_free(text);
     }
+    sparse_pattern_free(&sp);
     sdpa_context_destroy(ctx);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "npy.h"
 #include "output.h"
+#include "sparse_spec.h"
 #include "tool.h"
 #ifdef SDPA_HAVE_MPI
 #include "sp.h"
@@ -140,9 +141,9 @@ int cmd_run(int argc, char **argv)
                      {"--dtype", 1, NULL},      {"--threads", 1, NULL},
                      {"--seq-len-q", 1, NULL},  {"--seq-len-kv", 1, NULL},
                      {"--key-mask", 1, NULL},   {"--mask", 1, NULL},
-                     {"--sp", 1, NULL}};
+                     {"--sp", 1, NULL},         {"--sparse", 1, NULL}};
     enum { Q, K, V, OUT, LSE, BACKEND, CAUSAL, SCALE, DTYPE, THREADS, LEN_Q, LEN_KV, KEYMASK,
-           MASK, SP, NF };
+           MASK, SP, SPARSE, NF };
     static const char *const input_flag[3] = {"--q", "--k", "--v"};
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
@@ -207,6 +208,7 @@ int cmd_run(int argc, char **argv)
     uint8_t *key_bytes = NULL;
     int32_t lens[2][MAX_LENS];
     sdpa_mask mask = SDPA_MASK_DEFAULT;
+    sparse_pattern sparse = {0};
     sdpa_context *ctx = NULL;
 #ifdef SDPA_HAVE_MPI
     int sp_agreed = 0;
@@ -241,6 +243,17 @@ int cmd_run(int argc, char **argv)
     if ((rc = read_masks(f[LEN_Q].value, f[LEN_KV].value, f[KEYMASK].value, f[MASK].value, a,
                          mk, lens, &key_bytes, &mask)) != 0)
         goto done;
+    if (f[SPARSE].value) { /* a window or a block map (sparse_spec.h) on top */
+        sdpa_call_desc sd = {SDPA_DEVICE_CPU, dtype, a[0].shape[0], a[0].shape[1], a[1].shape[1],
+                             a[0].shape[2], a[1].shape[2], a[0].shape[3], p.causal, 0, 0,
+                             NULL, NULL, NULL, 0, 0};
+        char why[256];
+        if (sparse_spec_build(f[SPARSE].value, &sd, &sparse, why, sizeof why) != 0) {
+            rc = tool_usage_error("--sparse %s", why);
+            goto done;
+        }
+        sparse_pattern_apply(&sparse, &mask);
+    }
     rc = 1;
     p.mask = &mask;
     for (int i = 0; i < 3; i++)
@@ -327,6 +340,7 @@ done:
     }
     npy_free(&mk[0]), npy_free(&mk[1]);
     free(key_bytes);
+    sparse_pattern_free(&sparse);
     free(out);
     free(lse);
     return rc;

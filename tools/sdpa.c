@@ -35,6 +35,9 @@ static const command commands[] = {
      "                                  scores (-inf hides a key)\n"
      "  --sp ring|ulysses|usp:UxR       under mpirun: sequence-parallel over the ranks\n"
      "                                  (every rank reads the inputs, rank 0 writes)\n"
+     "  --sparse SPEC                   window=L,R | nbhd=T,H,W:wt,wh,ww[:P] |\n"
+     "                                  sta=T,H,W:tt,th,tw:wt,wh,ww[:P] | radial=T,H,W[:P] |\n"
+     "                                  random=S: a window or block map on the call\n"
      "Outputs are written all or nothing; a symbolic link is written through, a\n"
      "character device or FIFO in place.\n"},
     {"explain", cmd_explain, "the dispatcher's decision for a call, and why",
@@ -44,7 +47,8 @@ static const command commands[] = {
      "  --lse                           the call wants the log-sum-exp\n"
      "  --platform cpu|cpu:isa=LEVEL|cuda:sm_XY[,cudnn=N]   decide for that machine\n"
      "  --quant NAME  --component NAME  --backend NAME  --deterministic\n"
-     "  --mask none|seq_len|key|general[,..]   the masks the call carries\n"
+     "  --mask none|seq_len|key|general|window|blocks[,..]   the masks the call carries\n"
+     "  --sparse SPEC                   a pattern as `run --sparse`: its kind, and its density\n"
      "  --backward                      the backward pass (sdpa_backward; it reads the LSE)\n"
      "  --json                          one JSON object\n"},
     {"bench", cmd_bench, "interleaved timing of backends on shape suites",

@@ -65,7 +65,9 @@ int tool_parse_mask_kinds(const char *s, unsigned *out)
     } kinds[] = {{"none", 0},
                  {"seq_len", SDPA_MASK_KIND_SEQ_LEN},
                  {"key", SDPA_MASK_KIND_KEY},
-                 {"general", SDPA_MASK_KIND_GENERAL}};
+                 {"general", SDPA_MASK_KIND_GENERAL},
+                 {"window", SDPA_MASK_KIND_WINDOW},
+                 {"blocks", SDPA_MASK_KIND_BLOCKS}};
     char buf[128];
     if (strlen(s) >= sizeof buf)
         return 0;

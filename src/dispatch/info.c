@@ -106,12 +106,12 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     for (int i = 0; i < sdpa_backend_count(ctx); i++) {
         sdpa_backend_info b;
         sdpa_backend_get(ctx, i, &b);
-        char dt[32], step[24] = "", masks[40] = "";
+        char dt[32], step[24] = "", masks[80] = "";
         dtypes_text(b.dtypes, dt, sizeof dt);
         if (b.head_dim_multiple > 1)
             snprintf(step, sizeof step, " step %d", b.head_dim_multiple);
         if (b.masks) {
-            char kinds[32];
+            char kinds[64];
             sdpa__mask_kinds_name(b.masks, kinds, sizeof kinds);
             snprintf(masks, sizeof masks, " masks:%s", kinds);
         }
@@ -218,13 +218,11 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
             if (b.cpu_features & features[k].bit)
                 sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[k].name);
         sdpa__sb_printf(sb, "],\"masks\":[");
-        static const unsigned kinds[] = {SDPA_MASK_KIND_SEQ_LEN, SDPA_MASK_KIND_KEY,
-                                         SDPA_MASK_KIND_GENERAL};
         n = 0;
-        for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
-            if (b.masks & kinds[k]) { /* the names are the core's (sdpa__mask_kinds_name) */
+        for (unsigned bit = 1; bit <= SDPA_MASK_KIND_BLOCKS; bit <<= 1)
+            if (b.masks & bit) { /* the names are the core's (sdpa__mask_kinds_name) */
                 char name[16];
-                sdpa__mask_kinds_name(kinds[k], name, sizeof name);
+                sdpa__mask_kinds_name(bit, name, sizeof name);
                 sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", name);
             }
         sdpa__sb_printf(sb,

@@ -229,7 +229,7 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             int ok;
             unsigned kind = sdpa__mask_kind_parse(w[i], &ok);
             if (!ok)
-                return perr(ps, "mask '%s' unknown, expected none, seq_len, key or general%s",
+                return perr(ps, "mask '%s' unknown, expected none, seq_len, key, general, window or blocks%s",
                             w[i], "");
             r->masks |= kind ? kind << 1 : 1u;
         }

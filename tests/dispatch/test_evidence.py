@@ -105,8 +105,8 @@ def bench_rows(path):
         if m:
             ceilings[{"fp32 FMA": "fp32", "AVX512-BF16": "avx512-bf16",
                       "AMX bf16": "amx-bf16"}[m[1]]] = m[2]
-        if line.startswith("#") or line.startswith("row "):
-            continue
+        if line.startswith("#") or line.startswith("row ") or line[:1].isspace():
+            continue  # headers, and indented notes under a row (a sparse row's dense call)
         f = line.split()
         if len(f) < 13:
             continue

@@ -308,6 +308,65 @@ check(all("general mask not supported" in ex["rejected"].get(b, "")
       f"explain --mask general on a CUDA platform says why each CUDA backend is passed over: "
       f"{ex.get('rejected')!r}")
 
+# ---- run / explain / bench with a sparse pattern (a window, a 3-D neighbourhood)
+sq, sk, sv = rand(1, 150, 2, 32), rand(1, 150, 2, 32), rand(1, 150, 2, 32)
+r = sdpa("run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v", save("v.npy", sv),
+         "--out", path("o.npy"), "--sparse", "window=20,3")
+i_, j_ = np.arange(150)[:, None], np.arange(150)[None, :]
+win = ((j_ >= i_ - 20) & (j_ <= i_ + 3))[None, None]
+check(r.returncode == 0, f"run --sparse window: {r.stderr!r}")
+if r.returncode == 0:
+    want, _ = masked_reference(sq, sk, sv, add=np.where(win, 0.0, -np.inf))
+    got = np.load(path("o.npy"))
+    check(np.abs(got - want).max() <= 1e-5,
+          f"run --sparse window=20,3: max |out - ref| {np.abs(got - want).max():.3g}")
+# a 3-D neighbourhood over a 2 x 5 x 7 grid after 80 text tokens (its map by coordinates)
+r = sdpa("run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v", save("v.npy", sv),
+         "--out", path("o.npy"), "--sparse", "nbhd=2,5,7:1,3,3:80")
+pos = [(t, y, x) for t in range(2) for y in range(5) for x in range(7)]
+
+
+def start(p, n, w):
+    return min(max(p - w // 2, 0), n - w)
+
+
+nb = np.ones((150, 150), bool)
+for a, (t, y, x) in enumerate(pos):
+    for b_, (t2, y2, x2) in enumerate(pos):
+        nb[80 + a, 80 + b_] = all(start(p, n, w) <= p2 < start(p, n, w) + w for p, p2, n, w in
+                                  ((t, t2, 2, 1), (y, y2, 5, 3), (x, x2, 7, 3)))
+check(r.returncode == 0, f"run --sparse nbhd: {r.stderr!r}")
+if r.returncode == 0:
+    want, _ = masked_reference(sq, sk, sv, add=np.where(nb[None, None], 0.0, -np.inf))
+    got = np.load(path("o.npy"))
+    check(np.abs(got - want).max() <= 1e-5,
+          f"run --sparse nbhd: max |out - ref| {np.abs(got - want).max():.3g}")
+expect_error("run --sparse with a grid that is not Sq",
+             ["run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v", save("v.npy", sv),
+              "--out", path("o.npy"), "--sparse", "nbhd=2,5,8:1,3,3:80"],
+             "80 text + 2 x 5 x 8 grid tokens = 160, expected Sq 150")
+expect_error("run --sparse unknown", ["run", "--q", save("q.npy", sq), "--k", save("k.npy", sk),
+                                      "--v", save("v.npy", sv), "--out", path("o.npy"),
+                                      "--sparse", "diagonal=3"], "expected window=L,R")
+r = sdpa("explain", "--shape", "1,32760,32760,24,24,128", "--sparse", "nbhd=21,30,52:5,8,15",
+         "--json")
+ex = json.loads(r.stdout) if r.returncode == 0 else {}
+check(ex.get("call", {}).get("mask") == "blocks" and
+      abs(ex.get("sparse", {}).get("density", 0) - 0.098) < 0.01 and
+      "blocks mask not supported" in ex.get("rejected", {}).get("cpu.portable", ""),
+      f"explain --sparse: the map's kind, density, and who does not take it: {r.stdout[:400]!r}")
+with open(path("sparse.tsv"), "w") as f:
+    f.write("# name\tB\tSq\tSkv\tHq\tHkv\tD\tcausal\n"
+            "tiny-sta\t1\t512\t512\t1\t1\t64\t0\tsparse=sta=2,16,16:1,8,8:1,1,3\n")
+r = sdpa("bench", "--suite", path("sparse.tsv"), "--backends", "cpu.portable,ref", "--reps", "1",
+         "--json")
+rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+check(r.returncode == 0 and any(x.get("backend") == "ref" and x.get("density", 0) > 0 and
+                                x.get("speedup_vs_dense", 0) > 0 for x in rows) and
+      "blocks mask not supported" in r.stdout,
+      f"bench on a sparse row: density, the speed-up over the dense call, refusals: "
+      f"{r.stdout[-600:]!r} {r.stderr!r}")
+
 # ---- run: outputs are written all or nothing, and no existing file is lost
 def fresh_inputs():
     return ["--q", save("q.npy", q), "--k", save("k.npy", k), "--v", save("v.npy", v)]
