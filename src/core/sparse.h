@@ -98,4 +98,39 @@ static inline int sdpa__sparse_visible(const sdpa_call *c, int64_t b, int64_t h,
     return !m->blocks || sdpa__map_visible(m->blocks, b, h, i, j);
 }
 
+/* Whether any query i0 <= i < i1 of (b, h) may see any key j0 <= j <= j1
+ * by the call's window and map (1 when unsure: a partial block's bits are
+ * not read): a tile for which this is 0 holds only hidden scores, and its
+ * products can be skipped. Costs a search per (query block, key block)
+ * the rectangle covers. */
+static inline int sdpa__sparse_tile_sees(const sdpa_call *c, int64_t b, int64_t h, int64_t i0,
+                                         int64_t i1, int64_t j0, int64_t j1)
+{
+    const sdpa_mask *m = c->mask;
+    if (!m || i1 <= i0 || j1 < j0)
+        return i1 > i0 && j1 >= j0;
+    if (m->window) {
+        const int64_t len_q = m->seq_len_q ? m->seq_len_q[b] : c->desc.Sq;
+        const int64_t len_kv = m->seq_len_kv ? m->seq_len_kv[b] : c->desc.Skv;
+        int64_t lo, hi, lo_last, hi_last;
+        sdpa__window_keys(m->window, i0, len_kv - len_q, &lo, &hi);
+        sdpa__window_keys(m->window, i1 - 1, len_kv - len_q, &lo_last, &hi_last);
+        if (j1 < lo || j0 > hi_last)
+            return 0;
+    }
+    const sdpa_block_map *bm = m->blocks;
+    if (!bm)
+        return 1;
+    for (int64_t qb = i0 / bm->block_q; qb <= (i1 - 1) / bm->block_q; qb++) {
+        const int64_t row = sdpa__map_row(bm, b, h, qb);
+        for (int64_t kb = j0 / bm->block_kv; kb <= j1 / bm->block_kv; kb++)
+            if ((bm->full_count && sdpa__map_find(bm->full_index + row * bm->index_stride,
+                                                  bm->full_count[row], kb) >= 0) ||
+                (bm->partial_count && sdpa__map_find(bm->partial_index + row * bm->index_stride,
+                                                     bm->partial_count[row], kb) >= 0))
+                return 1;
+    }
+    return 0;
+}
+
 #endif

@@ -270,6 +270,45 @@ static void bwd_pack_keys(const sdpa_call *c, const bwd_work *w, const bwd_split
     }
 }
 
+/* The window and the block map on row i's first n scores (keys
+ * flash_key(keys, p0 + j)): the map's entry is looked up once per key
+ * block the row's keys cross, not per score. */
+static void bwd_mask_sparse(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
+                            const int64_t *keys, int64_t p0, int n, float *s)
+{
+    const sdpa_mask *mk = c->mask;
+    int64_t lo = INT64_MIN, hi = INT64_MAX;
+    if (mk->window) {
+        int64_t len_q, len_kv;
+        sdpa__seq_lens(c, b, &len_q, &len_kv);
+        sdpa__window_keys(mk->window, i, len_kv - len_q, &lo, &hi);
+    }
+    const sdpa_block_map *m = mk->blocks;
+    const int64_t row = m ? sdpa__map_row(m, b, h, i / m->block_q) : 0;
+    int64_t kb_seen = -1, entry = -1; /* entry: -2 full, -1 hidden, else partial n */
+    for (int j = 0; j < n; j++) {
+        const int64_t kj = flash_key(keys, p0 + j);
+        int see = kj >= lo && kj <= hi;
+        if (see && m) {
+            const int64_t kb = kj / m->block_kv;
+            if (kb != kb_seen) {
+                kb_seen = kb;
+                entry = m->full_count && sdpa__map_find(m->full_index + row * m->index_stride,
+                                                        m->full_count[row], kb) >= 0
+                            ? -2
+                        : m->partial_count
+                            ? sdpa__map_find(m->partial_index + row * m->index_stride,
+                                             m->partial_count[row], kb)
+                            : -1;
+            }
+            see = entry == -2 ||
+                  (entry >= 0 && sdpa__map_bit(m, row, entry, i % m->block_q, kj % m->block_kv));
+        }
+        if (!see)
+            s[j] = -INFINITY;
+    }
+}
+
 /* Rows i0 .. i0 + nr of head h against the key block: lanes past bk,
  * causal and the general mask set to -inf in the score tile. */
 static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, int64_t h,
@@ -293,9 +332,8 @@ static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, 
         for (int j = 0; general && j < n; j++)
             s[j] = sdpa__mask_general(mk, sdpa__mask_at(mk, tk->b, h, i, flash_key(keys, p0 + j)),
                                       s[j]);
-        for (int j = 0; sparse && j < n; j++)
-            if (!sdpa__sparse_visible(c, tk->b, h, i, flash_key(keys, p0 + j)))
-                s[j] = -INFINITY;
+        if (sparse)
+            bwd_mask_sparse(c, tk->b, h, i, keys, p0, n, s);
     }
 }
 
@@ -441,6 +479,7 @@ static void bwd_task(void *arg, int64_t task, int worker)
             if (key[j * mk->key_stride[1]])
                 keys[nk++] = j;
     }
+    const int sparse = mk && (mk->window || mk->blocks);
     if (len_q > 0 && nk > 0) {
         bwd_pack_rows(c, w, sp, b, hk, len_q, r_lo, r_hi);
         for (int64_t p = 0; p < nk; p += BWD_BK) {
@@ -458,6 +497,11 @@ static void bwd_task(void *arg, int64_t task, int worker)
                 const int64_t i_end = r_hi - g * d->Sq < len_q ? r_hi - g * d->Sq : len_q;
                 for (; i < i_end; i += BWD_BQ) {
                     const int nr = (int)(i_end - i < BWD_BQ ? i_end - i : BWD_BQ);
+                    /* a window or a map that hides the whole tile: its five
+                     * products would add zeros */
+                    if (sparse && !sdpa__sparse_tile_sees(c, b, hk * G + g, i, i + nr, kfirst,
+                                                          flash_key(keys, p0 + bk - 1)))
+                        continue;
                     bwd_tile(c, w, sp, &tk, hk * G + g, g * d->Sq + i - r_lo, i, nr, keys, p0,
                              bk, dq);
                 }
