@@ -1,6 +1,5 @@
 /* sparse_spec.c - see sparse_spec.h. */
 #include "sparse_spec.h"
-#include "tool.h"
 
 #include <stdint.h>
 #include <stdio.h>

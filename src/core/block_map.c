@@ -57,16 +57,14 @@ static void row_runs(const sdpa_neighborhood_3d *nb, int64_t hh, int64_t n_token
         unit[a] = tiled ? nb->tile[a] : 1;
         n[a] = nb->grid[a] / unit[a];
     }
-    int64_t within = 0, tsize = 1;
+    int64_t tsize = 1; /* tokens per position: a tile's run is all of its tokens */
     if (tiled) {
         tsize = unit[0] * unit[1] * unit[2];
         const int64_t tile = g / tsize;
-        within = g % tsize;
         pos[0] = tile / (n[1] * n[2]), pos[1] = tile / n[2] % n[1], pos[2] = tile % n[2];
     } else {
         pos[0] = g / (n[1] * n[2]), pos[1] = g / n[2] % n[1], pos[2] = g % n[2];
     }
-    (void)within;
     int64_t s[3], e[3];
     for (int a = 0; a < 3; a++)
         axis_window(pos[a], n[a], win[a], a == 0 && nb->causal_time, &s[a], &e[a]);

@@ -49,14 +49,13 @@ static int sparse_applies(const sdpa_call *c)
 
 /* Keys lo .. hi (inclusive) the window admits to query i of the task
  * (whole range without a window). */
-static inline void sparse_window(const sdpa_call *c, const flash_task *tk, int64_t off, int64_t i,
-                                 int64_t *lo, int64_t *hi)
+static inline void sparse_window(const sdpa_call *c, int64_t off, int64_t i, int64_t *lo,
+                                 int64_t *hi)
 {
     if (c->mask->window)
         sdpa__window_keys(c->mask->window, i, off, lo, hi);
     else
         *lo = INT64_MIN, *hi = INT64_MAX;
-    (void)tk;
 }
 
 /*
@@ -161,8 +160,8 @@ static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task
         if (tk->causal && j0 > i_last + tk->offset)
             continue; /* none of these keys is visible to this block */
         int64_t lo_first, hi_first, lo_last, hi_last;
-        sparse_window(c, tk, off, i0, &lo_first, &hi_first);
-        sparse_window(c, tk, off, i_last, &lo_last, &hi_last);
+        sparse_window(c, off, i0, &lo_first, &hi_first);
+        sparse_window(c, off, i_last, &lo_last, &hi_last);
         if (j0 > hi_last || j0 + bk - 1 < lo_first)
             continue;
         if (n >= 0 && mk->blocks->partial_bits &&
@@ -204,6 +203,21 @@ static flash_task sparse_task_make(const sparse_job *jb, int64_t task, int64_t *
     return t;
 }
 
+/* The keys any row of the task (rows i_first .. i_end) may see, [k_lo,
+ * k_hi), and the window's alignment off (bottom-right, real lengths). */
+static void sparse_key_range(const sdpa_call *c, const flash_task *tk, int64_t i_end,
+                             int64_t *off, int64_t *k_lo, int64_t *k_hi)
+{
+    int64_t len_q, len_kv, lo, hi;
+    sdpa__seq_lens(c, tk->b, &len_q, &len_kv);
+    *off = len_kv - len_q;
+    *k_lo = 0, *k_hi = tk->kv_end;
+    sparse_window(c, *off, tk->i_first, &lo, &hi);
+    *k_lo = lo > *k_lo ? lo : *k_lo;
+    sparse_window(c, *off, i_end - 1, &lo, &hi);
+    *k_hi = hi < INT64_MAX && hi + 1 < *k_hi ? hi + 1 : *k_hi;
+}
+
 static void sparse_task_fn(void *arg, int64_t slot, int worker)
 {
     const sparse_job *jb = arg;
@@ -217,17 +231,8 @@ static void sparse_task_fn(void *arg, int64_t slot, int worker)
         load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(i_end, i0, BQ));
         memset(w->qb[q].ot, 0, sizeof(float) * (size_t)D * BQ);
     }
-    int64_t len_q, len_kv;
-    sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
-    const int64_t off = len_kv - len_q; /* the window's alignment: bottom-right */
-    /* the keys any row of the task may see: [k_lo, k_hi) */
-    int64_t lo, hi, k_lo = 0, k_hi = tk.kv_end;
-    sparse_window(c, &tk, off, i_map, &lo, &hi);
-    if (lo > k_lo)
-        k_lo = lo;
-    sparse_window(c, &tk, off, i_end - 1, &lo, &hi);
-    if (hi < INT64_MAX && hi + 1 < k_hi)
-        k_hi = hi + 1;
+    int64_t off, k_lo, k_hi;
+    sparse_key_range(c, &tk, i_end, &off, &k_lo, &k_hi);
     const sdpa_block_map *m = c->mask->blocks;
     if (!m) {
         for (int64_t j0 = k_lo; j0 < k_hi; j0 += SPARSE_BQ)
@@ -270,12 +275,8 @@ static int64_t sparse_cost(const sparse_job *jb, int64_t t)
                 (m->partial_count ? m->partial_count[row] : 0)) *
                jb->group[t];
     }
-    int64_t len_q, len_kv, lo, hi, k_lo = 0, k_hi = tk.kv_end;
-    sdpa__seq_lens(c, tk.b, &len_q, &len_kv);
-    sparse_window(c, &tk, len_kv - len_q, tk.i_first, &lo, &hi);
-    k_lo = lo > k_lo ? lo : k_lo;
-    sparse_window(c, &tk, len_kv - len_q, i_end - 1, &lo, &hi);
-    k_hi = hi < INT64_MAX && hi + 1 < k_hi ? hi + 1 : k_hi;
+    int64_t off, k_lo, k_hi;
+    sparse_key_range(c, &tk, i_end, &off, &k_lo, &k_hi);
     return k_hi > k_lo ? (k_hi - k_lo + SPARSE_BQ - 1) / SPARSE_BQ : 0;
 }
 
