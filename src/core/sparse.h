@@ -79,8 +79,8 @@ static inline int sdpa__map_visible(const sdpa_block_map *m, int64_t b, int64_t 
 }
 
 /* Whether the call's window (aligned on the real lengths) and block map
- * show key j to query i of (b, h): ref's reading, and the backward
- * kernels' per element. */
+ * show key j to query i of (b, h), element by element: ref's reading (the
+ * kernels look a map row's entry up once per key block instead). */
 static inline int sdpa__sparse_visible(const sdpa_call *c, int64_t b, int64_t h, int64_t i,
                                        int64_t j)
 {
