@@ -425,6 +425,19 @@ typedef enum sdpa_log_level {
 typedef void (*sdpa_log_fn)(sdpa_log_level level, const char *message, void *user);
 
 /*
+ * The caller's threads (libsdpa inside ggml, OpenMP, torch's intra-op pool):
+ * a parallel-for that runs body(arg, t, worker) exactly once for every task
+ * t in [0, n_tasks), each on a worker 0..threads-1 (the context's
+ * `threads`) that runs no other task of this region at the same time, and
+ * returns when all have finished. Tasks are independent (any order, any
+ * thread); libsdpa never calls it from inside a task, and a context's
+ * regions take turns on it (one at a time).
+ */
+typedef void (*sdpa_task_body)(void *arg, int64_t task, int worker);
+typedef void (*sdpa_parallel_for_fn)(void *user, int64_t n_tasks, sdpa_task_body body,
+                                     void *arg);
+
+/*
  * Context options; start from SDPA_CONTEXT_OPTIONS_DEFAULT.
  *   platform     NULL: read this machine. Otherwise copied.
  *   log          NULL: messages at or above log_level go to stderr.
@@ -446,6 +459,11 @@ typedef void (*sdpa_log_fn)(sdpa_log_level level, const char *message, void *use
  *                (bench/results/2026-11-29-contexts.txt): private pools
  *                0.81-0.96x the time of the same calls in series, shared
  *                1.01-1.09x (private wins most on small calls).
+ *   parallel_for, parallel_for_user  NULL: libsdpa's own workers. Else
+ *                every call of the context runs its tasks through this
+ *                (sdpa_parallel_for_fn) on the caller's `threads` workers
+ *                (0: one per online CPU), and libsdpa starts no thread;
+ *                share_pool is then ignored.
  * Environment values are validated: an unknown backend in SDPA_BACKEND or a
  * bad SDPA_LOG fails context creation with INVALID_ARGUMENT.
  */
@@ -459,9 +477,11 @@ typedef struct sdpa_context_options {
     int ignore_env;
     int foreign_policy;
     int share_pool;
+    sdpa_parallel_for_fn parallel_for;
+    void *parallel_for_user;
 } sdpa_context_options;
 
-#define SDPA_CONTEXT_OPTIONS_DEFAULT {NULL, NULL, NULL, -1, 0, NULL, 0, 0, 0}
+#define SDPA_CONTEXT_OPTIONS_DEFAULT {NULL, NULL, NULL, -1, 0, NULL, 0, 0, 0, NULL, NULL}
 
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out);
 void sdpa_context_destroy(sdpa_context *ctx);
@@ -507,6 +527,25 @@ void sdpa_wisdom_path(int system, char *buf, size_t n);
  */
 const char *sdpa_env_variable(int i, const char **values, const char **meaning);
 
+/*
+ * The finite-output guard, off by default (SDPA_FINITE_GUARD=1 turns it on
+ * for contexts that read the environment). When on, a CPU call whose q, k
+ * and v are finite but whose output holds NaN or Inf (or whose LSE holds
+ * NaN or +inf) runs again on the next candidate that can take it (down to
+ * ref, whose result is kept whatever it holds); the backend that gave it
+ * is latched off (for the layer, or for the context's one-shot calls) with
+ * one warning naming it and the shape, and the event is counted
+ * (sdpa_context_guard_events; `sdpa info` and `sdpa explain` print it).
+ * Out-of-memory and device errors reach the caller as ever. Not applied to
+ * CUDA outputs, to ref's own result, nor to sdpa_forward_share (a share
+ * cannot see the other shares' rows). Cost: one read of the output per
+ * call (README: the guard's cost, measured), the inputs only after a bad
+ * output.
+ */
+sdpa_status sdpa_context_set_finite_guard(sdpa_context *ctx, int on);
+/* Calls the guard re-ran since the context was created. */
+int64_t sdpa_context_guard_events(const sdpa_context *ctx);
+
 /* Per-component override: calls and layers whose component equals
  * `component` use `backend` (NULL removes the override). */
 sdpa_status sdpa_context_set_component_backend(sdpa_context *ctx, const char *component,
@@ -542,8 +581,13 @@ const char *sdpa_override_current(void);
  * One attention forward:  out = softmax(scale * q k^T + mask) v, per head.
  *
  *   q    [B, Sq,  Hq,  D]  f32 | f16 | bf16, strided
- *   k    [B, Skv, Hkv, D]  same dtype as q, strided
- *   v    [B, Skv, Hkv, D]  same dtype as q, strided
+ *   k    [B, Skv, Hkv, D]  f32 | f16 | bf16, strided
+ *   v    [B, Skv, Hkv, D]  k's dtype, strided
+ *        q's dtype may differ from k's (mixed: f32 queries over f16 or bf16
+ *        keys and values, as stable-diffusion.cpp keeps them); only the
+ *        backends that convert each input while packing take such a call
+ *        (sdpa_backend_info.mixed_dtypes), the others are passed over with
+ *        that reason.
  *   out  [B, Sq,  Hq,  D]  f32 | f16 | bf16 (any; converted on store), strided
  *   lse  [B, Hq, Sq] float32 contiguous, natural log of the softmax
  *        denominator: lse = log(sum_j exp(scale * q.k_j)); NULL if not wanted.
@@ -580,6 +624,27 @@ const char *sdpa_override_current(void);
 sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                          const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                          const sdpa_params *params);
+
+/*
+ * One share of an sdpa_forward call, for n threads of the caller that each
+ * compute part of it (ggml's custom operators call every thread with
+ * ith, nth): share = 0..shares-1. The call is cut exactly as for a context
+ * of `shares` threads, and this share computes the tasks t with
+ * t % shares == share on the calling thread, starting no thread and
+ * waiting on no other share; when every share has returned OK, out and lse
+ * hold bitwise what sdpa_forward gives on a context with threads = shares
+ * (same backend, which the decision makes the same for every share: it
+ * depends on the call and the context only, and a share whose backend
+ * refuses is not run on another, it fails). What is shared: nothing
+ * written; each share packs the K/V blocks its own tasks read (the tiled
+ * kernels pack per task anyway). Arguments as sdpa_forward's, checked the
+ * same way by every share; backends that take shares say so
+ * (sdpa_backend_info.shares: not cpu.amx, whose packing is one region
+ * that the next reads, nor CUDA).
+ */
+sdpa_status sdpa_forward_share(sdpa_context *ctx, int share, int shares, const sdpa_tensor *q,
+                               const sdpa_tensor *k, const sdpa_tensor *v, sdpa_tensor *out,
+                               float *lse, const sdpa_params *params);
 
 /*
  * The backward pass of one sdpa_forward call: from dout = dL/d(out), the
@@ -713,6 +778,9 @@ sdpa_status sdpa_layer_backward(sdpa_layer *layer, const sdpa_tensor *q, const s
 /* Whether the layer has latched `backend` off (1), for its forward or its
  * backward pass, or not (0). */
 int sdpa_layer_is_latched(const sdpa_layer *layer, const char *backend);
+/* The finite-output guard for this layer's calls: 1 on, 0 off, -1 as its
+ * context says (the default). */
+sdpa_status sdpa_layer_set_finite_guard(sdpa_layer *layer, int on);
 
 /* ---------------------------------------------------------------- explain */
 
@@ -729,7 +797,15 @@ typedef struct sdpa_call_desc {
     const char *quant;     /* or NULL */
     unsigned mask;         /* SDPA_MASK_KIND_* the call carries; 0: none */
     int backward;          /* 1: the backward pass (sdpa_backward) */
+    int kv_dtype;          /* k and v's dtype when it is not q's (dtype):
+                            * SDPA_KV_DTYPE(SDPA_F16); 0: the same as q's */
+    int shares;            /* > 0: a share of a call cut into this many
+                            * (sdpa_forward_share); 0: a whole call */
 } sdpa_call_desc;
+
+/* sdpa_call_desc.kv_dtype for k and v of dtype t (0 stays "as q", so
+ * descriptions written before the field existed mean what they meant). */
+#define SDPA_KV_DTYPE(t) ((int)(t) + 1)
 
 #define SDPA_MAX_CANDIDATES 16
 #define SDPA_MAX_BACKENDS 32
@@ -831,6 +907,9 @@ typedef struct sdpa_backend_info {
     int present;            /* can run on this machine                      */
     char why_absent[160];   /* if not present                               */
     const char *version;
+    int mixed_dtypes;       /* 1: q's dtype may differ from k's and v's
+                             * (converted while packing)                    */
+    int shares;             /* 1: runs a share of a call (sdpa_forward_share) */
 } sdpa_backend_info;
 
 int sdpa_backend_count(const sdpa_context *ctx);

@@ -6,7 +6,8 @@
 #                 (scripts/examples.sh); scripts/amx-check.sh --quick
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
-#                 sparse maps, the soak, the backward pass's cuts into tasks),
+#                 sparse maps, shares of a call and the caller's parallel-for,
+#                 the soak, the backward pass's cuts into tasks),
 #                 SDPA_TEST_QUICK (test_sparse: a few cases of each kind):
 #                 the grid without its float64 reference (one thread against
 #                 two; the builds above compare every case with ref), and
@@ -52,7 +53,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined
 TSAN_OPTIONS=halt_on_error=1 SDPA_TEST_QUICK=1 \
-  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_sparse|test_soak|test_backward" \
+  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_sparse|test_shares|test_soak|test_backward" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
 

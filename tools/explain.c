@@ -11,9 +11,9 @@ int cmd_explain(int argc, char **argv)
                 {"--lse", 0, NULL},       {"--platform", 1, NULL},  {"--quant", 1, NULL},
                 {"--component", 1, NULL}, {"--backend", 1, NULL},   {"--json", 0, NULL},
                 {"--deterministic", 0, NULL}, {"--mask", 1, NULL}, {"--backward", 0, NULL},
-                {"--sparse", 1, NULL}};
+                {"--sparse", 1, NULL}, {"--kv-dtype", 1, NULL}};
     enum { SHAPE, DTYPE, CAUSAL, LSE, PLATFORM, QUANT, COMPONENT, BACKEND, JSON, DET, MASK,
-           BACKWARD, SPARSE, NF };
+           BACKWARD, SPARSE, KV_DTYPE, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -28,6 +28,13 @@ int cmd_explain(int argc, char **argv)
     d.dtype = d.device == SDPA_DEVICE_CUDA ? SDPA_BF16 : SDPA_F32;
     if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &d.dtype))
         return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    if (f[KV_DTYPE].value) { /* k and v's, when not q's (mixed) */
+        sdpa_dtype kv;
+        if (!tool_parse_dtype(f[KV_DTYPE].value, &kv))
+            return tool_usage_error("--kv-dtype '%s' unknown, expected f32, f16 or bf16",
+                                    f[KV_DTYPE].value);
+        d.kv_dtype = kv != d.dtype ? SDPA_KV_DTYPE(kv) : 0;
+    }
     if (f[CAUSAL].value && !tool_parse_causal(f[CAUSAL].value, &d.causal))
         return tool_usage_error("--causal '%s' unknown, expected none, top-left or bottom-right",
                                 f[CAUSAL].value);

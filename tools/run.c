@@ -1,8 +1,9 @@
 /*
  * run.c - `sdpa run`: attention on .npy files.
  *
- * The inputs are read whole, converted to one dtype (the files' own, or
- * --dtype), computed, and the outputs written all or nothing (output.h):
+ * The inputs are read whole, converted to their dtypes (the files' own, or
+ * --dtype for q and --kv-dtype for k and v, which may differ: f32 queries
+ * over an f16 cache, as stable-diffusion.cpp keeps them), computed, and the outputs written all or nothing (output.h):
  * a failure at any step leaves every file that existed exactly as it was,
  * including an --out that names one of the inputs.
  */
@@ -141,9 +142,10 @@ int cmd_run(int argc, char **argv)
                      {"--dtype", 1, NULL},      {"--threads", 1, NULL},
                      {"--seq-len-q", 1, NULL},  {"--seq-len-kv", 1, NULL},
                      {"--key-mask", 1, NULL},   {"--mask", 1, NULL},
-                     {"--sp", 1, NULL},         {"--sparse", 1, NULL}};
+                     {"--sp", 1, NULL},         {"--sparse", 1, NULL},
+                     {"--kv-dtype", 1, NULL}};
     enum { Q, K, V, OUT, LSE, BACKEND, CAUSAL, SCALE, DTYPE, THREADS, LEN_Q, LEN_KV, KEYMASK,
-           MASK, SP, SPARSE, NF };
+           MASK, SP, SPARSE, KV_DTYPE, NF };
     static const char *const input_flag[3] = {"--q", "--k", "--v"};
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
@@ -163,7 +165,13 @@ int cmd_run(int argc, char **argv)
     sdpa_dtype dtype = SDPA_F32;
     if (f[DTYPE].value && !tool_parse_dtype(f[DTYPE].value, &dtype))
         return tool_usage_error("--dtype '%s' unknown, expected f32, f16 or bf16", f[DTYPE].value);
+    sdpa_dtype kv_dtype = dtype;
+    if (f[KV_DTYPE].value && !tool_parse_dtype(f[KV_DTYPE].value, &kv_dtype))
+        return tool_usage_error("--kv-dtype '%s' unknown, expected f32, f16 or bf16",
+                                f[KV_DTYPE].value);
     p.backend = f[BACKEND].value;
+    if (f[SP].value && f[KV_DTYPE].value)
+        return tool_usage_error("--sp takes one dtype for q, k and v (--dtype), not --kv-dtype");
     if (f[SP].value && (f[LEN_Q].value || f[LEN_KV].value || f[KEYMASK].value || f[MASK].value))
         return tool_usage_error("--sp takes no masks yet (--seq-len-q, --seq-len-kv, --key-mask, "
                                 "--mask); causal is fine");
@@ -229,24 +237,27 @@ int cmd_run(int argc, char **argv)
                                   input_flag[i], f[Q + i].value, a[i].ndim);
             goto done;
         }
-        /* Mixed files are a mistake more often than a wish: say so. */
-        if (!f[DTYPE].value && a[i].is_f16 != a[0].is_f16) {
-            rc = tool_usage_error("%s: %s is %s but --q is %s; expected one dtype, or --dtype "
-                                  "to convert all three",
-                                  input_flag[i], f[Q + i].value, a[i].is_f16 ? "f16" : "f32",
-                                  a[0].is_f16 ? "f16" : "f32");
+        /* q may differ from k and v (mixed), k and v are one dtype */
+        if (i == 2 && !f[KV_DTYPE].value && !f[DTYPE].value && a[2].is_f16 != a[1].is_f16) {
+            rc = tool_usage_error("--v: %s is %s but --k is %s; expected one dtype for k and v, "
+                                  "or --kv-dtype to convert both",
+                                  f[V].value, a[2].is_f16 ? "f16" : "f32",
+                                  a[1].is_f16 ? "f16" : "f32");
             goto done;
         }
     }
     if (!f[DTYPE].value)
         dtype = a[0].is_f16 ? SDPA_F16 : SDPA_F32;
+    if (!f[KV_DTYPE].value) /* --dtype alone converts all three, as it did */
+        kv_dtype = f[DTYPE].value ? dtype : a[1].is_f16 ? SDPA_F16 : SDPA_F32;
     if ((rc = read_masks(f[LEN_Q].value, f[LEN_KV].value, f[KEYMASK].value, f[MASK].value, a,
                          mk, lens, &key_bytes, &mask)) != 0)
         goto done;
     if (f[SPARSE].value) { /* a window or a block map (sparse_spec.h) on top */
         sdpa_call_desc sd = {SDPA_DEVICE_CPU, dtype, a[0].shape[0], a[0].shape[1], a[1].shape[1],
                              a[0].shape[2], a[1].shape[2], a[0].shape[3], p.causal, 0, 0,
-                             NULL, NULL, NULL, 0, 0};
+                             NULL, NULL, NULL, 0, 0,
+                             kv_dtype != dtype ? SDPA_KV_DTYPE(kv_dtype) : 0, 0};
         char why[256];
         if (sparse_spec_build(f[SPARSE].value, &sd, &sparse, why, sizeof why) != 0) {
             rc = tool_usage_error("--sparse %s", why);
@@ -257,15 +268,15 @@ int cmd_run(int argc, char **argv)
     rc = 1;
     p.mask = &mask;
     for (int i = 0; i < 3; i++)
-        if (!(conv[i] = convert_input(&a[i], dtype))) {
+        if (!(conv[i] = convert_input(&a[i], i ? kv_dtype : dtype))) {
             fprintf(stderr, "sdpa: error: out of memory converting the inputs to %s\n",
-                    sdpa_dtype_name(dtype));
+                    sdpa_dtype_name(i ? kv_dtype : dtype));
             goto done;
         }
     const int64_t *qs = a[0].shape, *ks = a[1].shape, *vs = a[2].shape;
     sdpa_tensor tq = sdpa_tensor_bshd(conv[0], dtype, qs[0], qs[1], qs[2], qs[3]);
-    sdpa_tensor tk = sdpa_tensor_bshd(conv[1], dtype, ks[0], ks[1], ks[2], ks[3]);
-    sdpa_tensor tv = sdpa_tensor_bshd(conv[2], dtype, vs[0], vs[1], vs[2], vs[3]);
+    sdpa_tensor tk = sdpa_tensor_bshd(conv[1], kv_dtype, ks[0], ks[1], ks[2], ks[3]);
+    sdpa_tensor tv = sdpa_tensor_bshd(conv[2], kv_dtype, vs[0], vs[1], vs[2], vs[3]);
     out = malloc(sizeof(float) * (size_t)(a[0].count ? a[0].count : 1));
     lse = f[LSE].value ? malloc(sizeof(float) * (size_t)(qs[0] * qs[1] * qs[2] + 1)) : NULL;
     if (!out || (f[LSE].value && !lse)) {
@@ -321,9 +332,12 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "sdpa: error: %s (no existing file was replaced)\n", err);
         goto done;
     }
-    printf("backend %s  dtype %s  q [%lld, %lld, %lld, %lld]  k [%lld, %lld, %lld, %lld]  "
+    char kv_note[32] = "";
+    if (kv_dtype != dtype)
+        snprintf(kv_note, sizeof kv_note, " (k, v %s)", sdpa_dtype_name(kv_dtype));
+    printf("backend %s  dtype %s%s  q [%lld, %lld, %lld, %lld]  k [%lld, %lld, %lld, %lld]  "
            "%.3f ms\n",
-           sdpa_last_backend(), sdpa_dtype_name(dtype), (long long)qs[0], (long long)qs[1],
+           sdpa_last_backend(), sdpa_dtype_name(dtype), kv_note, (long long)qs[0], (long long)qs[1],
            (long long)qs[2], (long long)qs[3], (long long)ks[0], (long long)ks[1],
            (long long)ks[2], (long long)ks[3], t1 - t0);
     rc = 0;

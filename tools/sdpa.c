@@ -21,13 +21,15 @@ typedef struct command {
 
 static const command commands[] = {
     {"run", cmd_run, "attention on .npy files (float32 or float16, [B, S, H, D])",
-     "  --q Q.npy --k K.npy --v V.npy   inputs; one dtype unless --dtype is given\n"
+     "  --q Q.npy --k K.npy --v V.npy   inputs; k and v one dtype, q may differ (mixed)\n"
      "  --out O.npy                     output, float32 [B, Sq, Hq, D]\n"
      "  --lse L.npy                     log-sum-exp, float32 [B, Hq, Sq]\n"
      "  --backend NAME                  run this backend or fail (sdpa info lists them)\n"
      "  --causal none|top-left|bottom-right\n"
      "  --scale X                       finite, non-zero; default 1/sqrt(D)\n"
      "  --dtype f32|f16|bf16            convert every input to this dtype first\n"
+     "  --kv-dtype f32|f16|bf16         k and v to this dtype instead (q f32, k/v f16:\n"
+     "                                  a mixed call, as stable-diffusion.cpp makes)\n"
      "  --threads N                     CPU threads (default: all)\n"
      "  --seq-len-q L,..  --seq-len-kv L,..   real lengths per batch entry (padding)\n"
      "  --key-mask K.npy                float32 [B or 1, Skv], nonzero = attend\n"
@@ -43,6 +45,7 @@ static const command commands[] = {
     {"explain", cmd_explain, "the dispatcher's decision for a call, and why",
      "  --shape B,Sq,Skv,Hq,Hkv,D       required\n"
      "  --dtype f32|f16|bf16            default f32 (bf16 on cuda platforms)\n"
+     "  --kv-dtype f32|f16|bf16         k and v's dtype when not q's (a mixed call)\n"
      "  --causal none|top-left|bottom-right\n"
      "  --lse                           the call wants the log-sum-exp\n"
      "  --platform cpu|cpu:isa=LEVEL|cuda:sm_XY[,cudnn=N]   decide for that machine\n"

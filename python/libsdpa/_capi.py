@@ -109,7 +109,8 @@ class CallDesc(ctypes.Structure):
                 ("Hq", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("D", ctypes.c_int64),
                 ("causal", ctypes.c_int), ("want_lse", ctypes.c_int),
                 ("deterministic", ctypes.c_int), ("backend", _s), ("component", _s),
-                ("quant", _s), ("mask", ctypes.c_uint), ("backward", ctypes.c_int)]
+                ("quant", _s), ("mask", ctypes.c_uint), ("backward", ctypes.c_int),
+                ("kv_dtype", ctypes.c_int)]
 
 
 class LayerDesc(ctypes.Structure):
@@ -119,7 +120,8 @@ class LayerDesc(ctypes.Structure):
 class ContextOptions(ctypes.Structure):
     _fields_ = [("platform", _p), ("log", _p), ("log_user", _p), ("log_level", ctypes.c_int),
                 ("threads", ctypes.c_int), ("policy_file", _s), ("ignore_env", ctypes.c_int),
-                ("foreign_policy", ctypes.c_int), ("share_pool", ctypes.c_int)]
+                ("foreign_policy", ctypes.c_int), ("share_pool", ctypes.c_int),
+                ("parallel_for", _p), ("parallel_for_user", _p)]
 
 
 def _find_library():

@@ -93,6 +93,36 @@ def test_grads_against_torch_low_precision(dtype):
         assert ours <= 4 * yardstick + eps, (dtype, B, Sq, Skv, causal, ours, yardstick)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_mixed_dtypes_forward_and_grads(kv_dtype):
+    """q in float32 with k and v in f16 or bf16 (stable-diffusion.cpp's
+    call): the output in q's dtype, each gradient in its input's dtype, all
+    against float64 on the same (rounded) values; the torch op and
+    torch.compile take it too."""
+    eps = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11}[kv_dtype]
+    for B, Sq, Skv, Hq, Hkv, D, causal in CASES[:4]:
+        q = torch.randn(B, Sq, Hq, D, requires_grad=True)
+        k, v = (torch.randn(B, Skv, Hkv, D).to(kv_dtype).requires_grad_() for _ in range(2))
+        dout = torch.randn(B, Sq, Hq, D)
+        out = libsdpa.attention(q, k, v, is_causal=causal or False, enable_gqa=True)
+        assert out.dtype == torch.float32
+        out.backward(dout)
+        assert q.grad.dtype == torch.float32 and k.grad.dtype == v.grad.dtype == kv_dtype
+        want = torch_grads(q, k, v, dout, causal=causal)
+        # dq exact to f32; dk, dv within their own dtype's rounding
+        assert rel([q.grad], want[:1]) <= 1e-5, (kv_dtype, B, Sq, Skv, causal)
+        assert rel([k.grad, v.grad], want[1:]) <= 2 * eps, (kv_dtype, B, Sq, Skv, causal)
+    q = torch.randn(1, 40, 2, 64)
+    k, v = (torch.randn(1, 77, 2, 64).to(kv_dtype) for _ in range(2))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(x.double().transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+    op = torch.ops.libsdpa.attention(q, k, v, 0, 0.0, "")
+    compiled = torch.compile(lambda a, b, c: torch.ops.libsdpa.attention(a, b, c, 0, 0.0, ""),
+                             fullgraph=True)(q, k, v)
+    for got in (op, compiled):
+        assert got.dtype == torch.float32 and (got.double() - ref).abs().max().item() < 1e-5
+
+
 def test_grads_with_masks_scale_layout_and_lse():
     B, Sq, Skv, Hq, Hkv, D = 2, 50, 70, 4, 2, 32
     base = [torch.randn(B, Sq, Hq, D), torch.randn(B, Skv, Hkv, D), torch.randn(B, Skv, Hkv, D)]

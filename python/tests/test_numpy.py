@@ -107,6 +107,27 @@ def test_against_float64(backend, dtype):
             assert np.max(np.abs(lse[fin] - want_lse[fin]), initial=0) <= 1e-3 * (8 if peaked else 1)
 
 
+def test_mixed_dtypes():
+    """f32 queries over f16 keys and values: the output in f32, against
+    float64 on the same values, on every backend that converts each input
+    while packing; the others refuse with the reason."""
+    mixed = [b["name"] for b in libsdpa.info()["backends"]
+             if b["device"] == "cpu" and b["present"] and b.get("mixed_dtypes")
+             and "f32" in b["dtypes"] and "f16" in b["dtypes"]]
+    assert "ref" in mixed
+    for backend in mixed + [None]:
+        for B, Sq, Skv, Hq, Hkv, D, causal in CASES[:4]:
+            q = rand((B, Sq, Hq, D), np.float32)
+            k, v = rand((B, Skv, Hkv, D), np.float16), rand((B, Skv, Hkv, D), np.float16)
+            out = libsdpa.attention(q, k, v, is_causal=causal or False, backend=backend)
+            want, _ = reference(q, k, v, causal)
+            assert out.dtype == np.float32
+            assert np.max(np.abs(out - want)) <= 2e-5, (backend, B, Sq, Skv, D, causal)
+    if "cpu.blas" in CPU_BACKENDS:
+        with pytest.raises(libsdpa.UnsupportedError, match="mixed dtypes not supported"):
+            libsdpa.attention(q, k, v, backend="cpu.blas")
+
+
 def test_layouts_and_views_are_not_copied():
     B, S, H, D = 2, 50, 4, 64
     qkv = rand((B, S, 3, H, D), np.float32)  # packed QKV

@@ -41,6 +41,12 @@ typedef struct sdpa_caps {
                             * rounded to bf16 (cpu.amx, whatever the input) */
     unsigned char backward; /* has a backward pass (sdpa_backend.backward), with
                              * the same dtypes, head dims, masks and flags   */
+    unsigned char mixed_dtypes; /* q's dtype may differ from k's and v's (each
+                                 * input converted while packing), both dtypes
+                                 * among `dtypes`                         */
+    unsigned char shares; /* runs one share of a call (sdpa_forward_share):
+                           * every region's tasks independent of the
+                           * others' (core.h: share pools)              */
 } sdpa_caps;
 
 struct sdpa_backend {

@@ -71,6 +71,7 @@ typedef struct sdpa_call {
     struct sdpa_pool *pool;
     unsigned cpu_features; /* SDPA_CPU_* usable on this machine (after SDPA_MAX_ISA) */
     int cuda_flash_variant; /* the context's SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
+    int share;              /* sdpa_forward_share: this share (of desc.shares) */
     /* A backward call (desc.backward = 1, sdpa__call_prepare_backward):
      * out and lse are the forward's results and only read; dout is the
      * output's gradient, dq, dk, dv receive the inputs'. NULL otherwise. */
@@ -113,6 +114,14 @@ unsigned sdpa__mask_kind_top(unsigned kinds);
 /* Parses "none" | "seq_len" | "key" | "general"; 0 with *ok = 0 if unknown. */
 unsigned sdpa__mask_kind_parse(const char *s, int *ok);
 
+/* k and v's dtype (sdpa_call_desc.kv_dtype resolved), and whether it is
+ * not q's. */
+static inline sdpa_dtype sdpa__kv_dtype(const sdpa_call_desc *d)
+{
+    return d->kv_dtype ? (sdpa_dtype)(d->kv_dtype - 1) : d->dtype;
+}
+static inline int sdpa__mixed_dtypes(const sdpa_call_desc *d) { return sdpa__kv_dtype(d) != d->dtype; }
+
 /* Checks a call description (explain/decide input). */
 sdpa_status sdpa__desc_validate(const sdpa_call_desc *d);
 
@@ -127,8 +136,9 @@ static inline int64_t sdpa__offset(const sdpa_tensor *t, int64_t b, int64_t s, i
 
 typedef struct sdpa_pool sdpa_pool;
 
-/* A task body: runs tasks [task] on worker `worker` (0..threads-1). */
-typedef void (*sdpa_task_fn)(void *arg, int64_t task, int worker);
+/* A task body: runs tasks [task] on worker `worker` (0..threads-1); the
+ * public sdpa_task_body. */
+typedef sdpa_task_body sdpa_task_fn;
 
 sdpa_status sdpa__pool_create(int threads, sdpa_pool **out);
 void sdpa__pool_destroy(sdpa_pool *pool);
@@ -136,7 +146,19 @@ void sdpa__pool_destroy(sdpa_pool *pool);
  * reference count; release with sdpa__pool_release (the last one stops it). */
 sdpa_status sdpa__pool_acquire(int threads, sdpa_pool **out);
 void sdpa__pool_release(sdpa_pool *pool);
+/* The width kernels split a call for (a share pool: its share count). */
 int sdpa__pool_threads(const sdpa_pool *pool);
+/* How many workers run at once: the workspaces a kernel allocates (a share
+ * pool: 1, worker 0). */
+int sdpa__pool_workers(const sdpa_pool *pool);
+/* A pool whose regions go to the caller's parallel-for, on `threads` workers. */
+sdpa_status sdpa__pool_create_host(int threads, sdpa_parallel_for_fn fn, void *user,
+                                   sdpa_pool **out);
+/* This thread's share pool for part `share` of `shares` (pool.c says what
+ * it runs); valid until the thread's next call of this. */
+sdpa_pool *sdpa__pool_share(int share, int shares);
+/* 1 and the share when `pool` is a share pool; else 0. */
+int sdpa__pool_share_of(const sdpa_pool *pool, int *share, int *shares);
 /*
  * Runs fn(arg, t, worker) for t in [0, n_tasks), tasks handed out one at a
  * time (dynamic balance for causal and ragged shapes). The caller is worker

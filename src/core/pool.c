@@ -21,6 +21,19 @@
  * Contexts that ask for it (share_pool) take turns the same way on one
  * process-wide pool of their width (sdpa__pool_acquire), so many contexts
  * keep one set of threads; bench/contexts.c compares the two arrangements.
+ *
+ * Two pools start no thread at all (libsdpa inside another runtime):
+ *  - a host pool hands every region to the caller's parallel-for
+ *    (sdpa_context_options.parallel_for: ggml's, OpenMP's, torch's intra-op
+ *    pool), whose threads are the workers 0..threads-1;
+ *  - a share pool (sdpa_forward_share) is one thread's view of a call cut
+ *    into `shares`: kernels split the work exactly as for a pool of that
+ *    many threads, and this thread runs the tasks t with t % shares ==
+ *    share, in order, as worker 0. Nothing waits on another share, so
+ *    there is no barrier to need: a kernel whose second region reads what
+ *    other tasks of the first wrote (cpu.amx's shared packing) does not
+ *    take shares; flash_decode.h runs a piece's key chunks and their merge
+ *    in the one share that owns the piece.
  */
 #include "core.h"
 
@@ -39,6 +52,9 @@
 
 struct sdpa_pool {
     int threads;
+    int share, shares;              /* a share pool: this thread's part (shares > 0) */
+    sdpa_parallel_for_fn host_for;  /* a host pool: the caller's parallel-for */
+    void *host_user;
     pthread_t *tids;
     pthread_mutex_t submit; /* one parallel region at a time */
     pthread_mutex_t m;
@@ -102,11 +118,15 @@ static int spin(const sdpa_pool *p, int (*ready)(const sdpa_pool *, uint64_t), u
     }
 }
 
+static _Thread_local int is_pool_worker; /* a thread this file started */
+
 #define IDLE_HOOKS 4
 static _Thread_local void (*idle_hooks[IDLE_HOOKS])(void);
 
 int sdpa__thread_on_idle(void (*fn)(void))
 {
+    if (!is_pool_worker) /* the caller, or a host pool's thread: never idles here */
+        return 0;
     for (int i = 0; i < IDLE_HOOKS; i++) {
         if (idle_hooks[i] == fn)
             return 1;
@@ -132,6 +152,7 @@ static void *worker_main(void *raw)
 {
     worker_arg wa = *(worker_arg *)raw;
     free(raw);
+    is_pool_worker = 1;
     sdpa_pool *p = wa.pool;
     uint64_t seen = 0;
     for (;;) {
@@ -210,10 +231,58 @@ void sdpa__pool_destroy(sdpa_pool *p)
     free(p);
 }
 
+sdpa_status sdpa__pool_create_host(int threads, sdpa_parallel_for_fn fn, void *user,
+                                   sdpa_pool **out)
+{
+    *out = NULL;
+    if (threads < 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "threads is %d, expected >= 1", threads);
+    sdpa_pool *p = sdpa__calloc(1, sizeof *p);
+    if (!p)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "host pool: cannot allocate");
+    p->threads = threads, p->host_for = fn, p->host_user = user;
+    pthread_mutex_init(&p->submit, NULL);
+    pthread_mutex_init(&p->m, NULL);
+    pthread_cond_init(&p->start, NULL);
+    pthread_cond_init(&p->done, NULL);
+    *out = p;
+    return SDPA_OK;
+}
+
+/* One per thread: a share call neither allocates nor locks for its pool. */
+static _Thread_local sdpa_pool share_pool;
+
+sdpa_pool *sdpa__pool_share(int share, int shares)
+{
+    share_pool.threads = shares, share_pool.share = share, share_pool.shares = shares;
+    return &share_pool;
+}
+
+int sdpa__pool_share_of(const sdpa_pool *p, int *share, int *shares)
+{
+    if (!p || p->shares == 0)
+        return 0;
+    *share = p->share, *shares = p->shares;
+    return 1;
+}
+
 int sdpa__pool_threads(const sdpa_pool *p) { return p ? p->threads : 1; }
+
+int sdpa__pool_workers(const sdpa_pool *p) { return !p ? 1 : p->shares ? 1 : p->threads; }
 
 void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *arg)
 {
+    if (p && p->shares) { /* this thread's share of the tasks, in order */
+        for (int64_t t = p->share; t < n_tasks; t += p->shares)
+            fn(arg, t, 0);
+        return;
+    }
+    if (p && p->host_for && n_tasks > 1) {
+        pthread_mutex_lock(&p->submit); /* regions take turns, as on a pool of ours */
+        p->host_for(p->host_user, n_tasks, fn, arg);
+        pthread_mutex_unlock(&p->submit);
+        return;
+    }
     if (!p || p->threads == 1 || n_tasks <= 1) {
         for (int64_t t = 0; t < n_tasks; t++)
             fn(arg, t, 0);

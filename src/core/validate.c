@@ -415,11 +415,11 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                           "Hq %% Hkv must be 0 (grouped-query), got Hq = %lld (q->size[2]) and "
                           "Hkv = %lld (k->size[2])",
                           (long long)q->size[2], (long long)k->size[2]);
-    if (k->dtype != q->dtype || v->dtype != q->dtype)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s->dtype is %s, expected q's dtype %s",
-                          k->dtype != q->dtype ? "k" : "v",
-                          sdpa_dtype_name(k->dtype != q->dtype ? k->dtype : v->dtype),
-                          sdpa_dtype_name(q->dtype));
+    /* q may differ from k and v (f32 queries over an f16 cache); k and v
+     * are read by one packing loop, so they agree */
+    if (v->dtype != k->dtype)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "v->dtype is %s, expected k's dtype %s",
+                          sdpa_dtype_name(v->dtype), sdpa_dtype_name(k->dtype));
     for (int i = 0; i < 3; i++)
         if (sdpa__overlaps(out->data, span[3], t[i]->data, span[i]))
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
@@ -461,6 +461,8 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
     sdpa_call_desc *d = &call->desc;
     d->device = q->device.kind;
     d->dtype = q->dtype;
+    d->kv_dtype = k->dtype != q->dtype ? SDPA_KV_DTYPE(k->dtype) : 0;
+    d->shares = 0, call->share = 0;
     d->B = q->size[0], d->Sq = q->size[1], d->Skv = k->size[1];
     d->Hq = q->size[2], d->Hkv = k->size[2], d->D = q->size[3];
     d->causal = params->causal;
@@ -563,6 +565,13 @@ sdpa_status sdpa__desc_validate(const sdpa_call_desc *d)
     if ((unsigned)d->dtype >= SDPA_DTYPE_COUNT)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->dtype is %d, expected f32, f16 or bf16",
                           (int)d->dtype);
+    if (d->kv_dtype < 0 || d->kv_dtype > SDPA_DTYPE_COUNT)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "desc->kv_dtype is %d, expected 0 (k and v as q) or SDPA_KV_DTYPE(t)",
+                          d->kv_dtype);
+    if (d->shares < 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "desc->shares is %d, expected 0 (a whole call) "
+                          "or the count of shares", d->shares);
     const int64_t sz[6] = {d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D};
     static const char *nm[6] = {"B", "Sq", "Skv", "Hq", "Hkv", "D"};
     for (int i = 0; i < 6; i++)

@@ -354,8 +354,10 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     /* the calling thread alone for small work: a wake-up costs more */
     const double macs = 2.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv *
                         (double)d->D;
-    sdpa_pool *pool = macs < DECODE_INLINE ? NULL : c->pool;
-    const int threads = sdpa__pool_threads(pool);
+    int share, shares;
+    const int is_share = sdpa__pool_share_of(c->pool, &share, &shares);
+    sdpa_pool *pool = macs < DECODE_INLINE && !is_share ? NULL : c->pool;
+    const int threads = sdpa__pool_workers(pool);
     jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 2 * VL * jb.Dp + 16);
     const int64_t tasks = pieces * jb.n_kc;
     const size_t part = jb.n_kc > 1 ? (size_t)tasks * (size_t)(DECODE_SLOTS * (jb.Dp + 2)) : 0;
@@ -366,9 +368,18 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
                           self->name, bytes);
     jb.ws = mem;
     jb.part = part ? mem + jb.ws_floats * (size_t)threads : NULL;
-    sdpa__parallel_for(pool, tasks, decode_task, &jb);
-    if (jb.n_kc > 1)
-        sdpa__parallel_for(pool, pieces, decode_merge, &jb);
+    if (is_share) { /* the pieces this share owns, each with its merge: no barrier */
+        for (int64_t p = share; p < pieces; p += shares) {
+            for (int64_t kc = 0; kc < jb.n_kc; kc++)
+                decode_task(&jb, p * jb.n_kc + kc, 0);
+            if (jb.n_kc > 1)
+                decode_merge(&jb, p, 0);
+        }
+    } else {
+        sdpa__parallel_for(pool, tasks, decode_task, &jb);
+        if (jb.n_kc > 1)
+            sdpa__parallel_for(pool, pieces, decode_merge, &jb);
+    }
     sdpa__scratch_release(mem);
     return SDPA_OK;
 }

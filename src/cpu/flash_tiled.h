@@ -783,7 +783,8 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         return decode_run(self, c);
 #endif
     const sdpa_call_desc *d = &c->desc;
-    const int threads = sdpa__pool_threads(c->pool);
+    const int threads = sdpa__pool_threads(c->pool);  /* the split */
+    const int workers = sdpa__pool_workers(c->pool);  /* the workspaces */
     const int64_t D = d->D;
     /* windows and block maps: flash_sparse.h, SPARSE_BQ rows resident */
     const int sparse = sparse_applies(c);
@@ -805,9 +806,9 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t per = per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)(2 * kb * D) +
                        row_room + tr_room + key_room;
     /* tiles, then the per-thread descriptors, in the thread's scratch */
-    const size_t tiles = per * (size_t)threads * sizeof(float);
-    const size_t descs = ((size_t)threads * sizeof *jb.ws + 63) / 64 * 64;
-    const size_t n_qbs = (size_t)threads * (size_t)qbs_kept;
+    const size_t tiles = per * (size_t)workers * sizeof(float);
+    const size_t descs = ((size_t)workers * sizeof *jb.ws + 63) / 64 * 64;
+    const size_t n_qbs = (size_t)workers * (size_t)qbs_kept;
     char *base = sdpa__scratch(tiles + descs + n_qbs * sizeof(qblock));
     if (!base)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
@@ -815,7 +816,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     float *mem = (float *)base;
     jb.ws = (workspace *)(base + tiles);
     qblock *qbs = (qblock *)(base + tiles + descs);
-    for (int t = 0; t < threads; t++) {
+    for (int t = 0; t < workers; t++) {
         float *p = mem + per * (size_t)t;
         workspace *w = &jb.ws[t];
         w->qb = qbs + (size_t)t * (size_t)qbs_kept;

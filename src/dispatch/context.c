@@ -62,6 +62,8 @@ sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_in
     out->min_cc = b->caps.min_cc;
     out->product_bits = b->caps.product_bits;
     out->backward = b->caps.backward;
+    out->mixed_dtypes = b->caps.mixed_dtypes;
+    out->shares = b->caps.shares;
     out->present = ctx->present[index];
     sdpa__strlcpy(out->why_absent, ctx->why_absent[index], sizeof out->why_absent);
     out->version = b->version;
@@ -90,8 +92,10 @@ sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out)
     pthread_mutex_lock(&ctx->pool_lock);
     pool = atomic_load_explicit(&ctx->pool, memory_order_relaxed);
     if (!pool) {
-        st = ctx->share_pool ? sdpa__pool_acquire(ctx->threads, &pool)
-                             : sdpa__pool_create(ctx->threads, &pool);
+        st = ctx->host_for     ? sdpa__pool_create_host(ctx->threads, ctx->host_for,
+                                                        ctx->host_user, &pool)
+             : ctx->share_pool ? sdpa__pool_acquire(ctx->threads, &pool)
+                               : sdpa__pool_create(ctx->threads, &pool);
         atomic_store_explicit(&ctx->pool, pool, memory_order_release);
     }
     *out = pool;
@@ -166,7 +170,8 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     ctx->platform = o->platform ? *o->platform : ctx->host;
     ctx->threads = o->threads ? o->threads : ctx->host.cpu_cores;
     ctx->foreign_policy = o->foreign_policy != 0;
-    ctx->share_pool = o->share_pool != 0;
+    ctx->host_for = o->parallel_for, ctx->host_user = o->parallel_for_user;
+    ctx->share_pool = o->share_pool != 0 && !ctx->host_for;
 
     sdpa_status st = SDPA_OK;
     for (int i = 0; sdpa__builtin_backends[i] && st == SDPA_OK; i++)

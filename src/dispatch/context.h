@@ -26,6 +26,8 @@ struct sdpa_context {
     pthread_mutex_t pool_lock; /* the pool starts on the first run, under this lock */
     sdpa_pool *_Atomic pool;
     int share_pool;            /* 1: the process-wide pool of its width; 0: its own */
+    sdpa_parallel_for_fn host_for; /* the caller's parallel-for, or NULL (options) */
+    void *host_user;
 
     int n_backends;
     const sdpa_backend *backends[SDPA_MAX_BACKENDS];
@@ -53,7 +55,20 @@ struct sdpa_context {
     int foreign_policy; /* 1: load rule files made elsewhere, with a warning */
     int cuda_flash_variant; /* SDPA_CUDA_FLASH_VARIANT: 0 or 1 */
     sdpa_decision_cache oneshot; /* sdpa_forward's decisions per shape class */
+    /* The finite-output guard (guard.c): on or off, the backends it latched
+     * off for one-shot calls (a bit per backend), the events counted. */
+    _Atomic int finite_guard;
+    _Atomic uint64_t guard_latched;
+    _Atomic int64_t guard_events;
 };
+
+/* guard.c: whether a finished call's output (or LSE: NaN, +inf) holds a
+ * non-finite value; whether q, k and v are all finite. CPU tensors. */
+int sdpa__guard_output_bad(const sdpa_call *c);
+int sdpa__guard_inputs_finite(const sdpa_call *c);
+/* "guard     on, N events" for info and explain (info.c). */
+struct sdpa_strbuf;
+void sdpa__guard_text(struct sdpa_strbuf *sb, const sdpa_context *ctx, int width);
 
 /* A choice fixed before any rule is consulted (levels 1-4 of the precedence). */
 typedef struct sdpa_choice {

@@ -40,16 +40,21 @@ const char *sdpa_source_name(sdpa_source s)
 
 void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n)
 {
-    char mask[48];
+    char mask[48], kv[24] = "";
     sdpa__mask_kinds_name(d->mask, mask, sizeof mask);
+    if (sdpa__mixed_dtypes(d))
+        snprintf(kv, sizeof kv, " (k, v %s)", sdpa_dtype_name(sdpa__kv_dtype(d)));
+    char shares[40] = "";
+    if (d->shares > 0)
+        snprintf(shares, sizeof shares, " (a share of %d)", d->shares);
     snprintf(buf, n,
-             "%s%s %s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld causal=%s lse=%s%s%s%s",
+             "%s%s %s%s B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld causal=%s lse=%s%s%s%s%s",
              d->backward ? "backward " : "",
-             d->device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", sdpa_dtype_name(d->dtype),
+             d->device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", sdpa_dtype_name(d->dtype), kv,
              (long long)d->B, (long long)d->Sq, (long long)d->Skv, (long long)d->Hq,
              (long long)d->Hkv, (long long)d->D, sdpa_causal_name(d->causal),
              d->want_lse ? "yes" : "no", d->mask ? " mask=" : "", d->mask ? mask : "",
-             d->deterministic ? " deterministic" : "");
+             d->deterministic ? " deterministic" : "", shares);
 }
 
 static int lookup(const sdpa_context *ctx, const char *name, const char *from)
@@ -296,6 +301,8 @@ static char *explain_text(const sdpa_context *ctx, const sdpa_call_desc *d,
     const char *w = sdpa_context_wisdom(ctx); /* the first line: what is in force, or why not */
     sdpa__sb_printf(&sb, "wisdom      %.*s%s\n", (int)strcspn(w, "\n"), w,
                     strchr(w, '\n') && strchr(w, '\n')[1] ? " (more: sdpa info)" : "");
+    if (atomic_load(&ctx->finite_guard) || sdpa_context_guard_events(ctx))
+        sdpa__guard_text(&sb, ctx, 12);
     if (dec->source == SDPA_SOURCE_RULE) {
         sdpa__sb_printf(&sb, "decided by  rule '%s' (%s)\n", dec->rule, dec->rule_origin);
         sdpa__sb_printf(&sb, "  when      %s\n", dec->source_detail);
@@ -344,10 +351,11 @@ static char *explain_json(const sdpa_context *ctx, const sdpa_call_desc *d,
     sdpa__sb_json_string(&sb, line);
     sdpa__sb_printf(&sb, ",\"simulated\":%s", ctx->platform.simulated ? "true" : "false");
     sdpa__sb_printf(&sb,
-                    ",\"call\":{\"device\":\"%s\",\"dtype\":\"%s\",\"B\":%lld,\"Sq\":%lld,"
+                    ",\"call\":{\"device\":\"%s\",\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"B\":%lld,\"Sq\":%lld,"
                     "\"Skv\":%lld,\"Hq\":%lld,\"Hkv\":%lld,\"D\":%lld,\"causal\":\"%s\","
                     "\"lse\":%s,\"deterministic\":%s,\"backward\":%s,\"component\":",
                     d->device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", sdpa_dtype_name(d->dtype),
+                    sdpa_dtype_name(sdpa__kv_dtype(d)),
                     (long long)d->B, (long long)d->Sq, (long long)d->Skv, (long long)d->Hq,
                     (long long)d->Hkv, (long long)d->D, sdpa_causal_name(d->causal),
                     d->want_lse ? "true" : "false", d->deterministic ? "true" : "false",

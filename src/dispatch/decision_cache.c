@@ -24,7 +24,8 @@ static int same_class(const sdpa_cached_decision *e, const sdpa_call_desc *b)
            a->Skv == b->Skv && a->Hq == b->Hq && a->Hkv == b->Hkv && a->D == b->D &&
            a->causal == b->causal && a->want_lse == b->want_lse &&
            a->deterministic == b->deterministic && a->mask == b->mask &&
-           a->backward == b->backward &&
+           a->backward == b->backward && sdpa__kv_dtype(a) == sdpa__kv_dtype(b) &&
+           a->shares == b->shares &&
            strcmp(e->component, or_empty(b->component)) == 0 &&
            strcmp(e->quant, or_empty(b->quant)) == 0;
 }
@@ -33,7 +34,8 @@ static unsigned class_hash(const sdpa_call_desc *d)
 {
     uint64_t h = 1469598103934665603ull;
     const int64_t f[] = {d->device, d->dtype, d->B, d->Sq, d->Skv, d->Hq, d->Hkv, d->D,
-                         d->causal, d->want_lse, d->deterministic, d->mask, d->backward};
+                         d->causal, d->want_lse, d->deterministic, d->mask, d->backward,
+                         sdpa__kv_dtype(d), d->shares};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++)
         h = (h ^ (uint64_t)f[i]) * 1099511628211ull;
     for (const char *s = or_empty(d->component); *s; s++)

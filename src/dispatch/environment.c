@@ -33,6 +33,10 @@ static const struct {
     [SDPA_ENV_CUDA_FLASH_VARIANT] = {"SDPA_CUDA_FLASH_VARIANT", "0 (default) or 1",
                                      "cuda.flash's kernel: plain loads, or the cp.async "
                                      "pipeline with ldmatrix"},
+    [SDPA_ENV_FINITE_GUARD] = {"SDPA_FINITE_GUARD", "0 (default) or 1",
+                               "1: a CPU call whose output holds NaN or Inf from finite inputs "
+                               "runs again on the next candidate, that backend latched off "
+                               "(sdpa_context_set_finite_guard)"},
     [SDPA_ENV_XDG_CONFIG_HOME] = {"XDG_CONFIG_HOME", "a path",
                                   "this user's wisdom is $XDG_CONFIG_HOME/libsdpa/wisdom.rules"},
     [SDPA_ENV_HOME] = {"HOME", "a path",
@@ -142,6 +146,14 @@ sdpa_status sdpa__ctx_apply_env(sdpa_context *ctx, const sdpa_context_options *o
     if ((ctx->cuda_flash_variant = cuda_flash_variant(env)) < 0) {
         st = SDPA_INVALID_ARGUMENT;
         goto done;
+    }
+    if ((s = sdpa__env_value(env, SDPA_ENV_FINITE_GUARD))) {
+        if (strcmp(s, "0") && strcmp(s, "1")) {
+            st = sdpa__fail(SDPA_INVALID_ARGUMENT,
+                            "SDPA_FINITE_GUARD='%.20s' unknown, expected 0 (off) or 1 (on)", s);
+            goto done;
+        }
+        atomic_store(&ctx->finite_guard, s[0] == '1');
     }
     sdpa__ctx_load_wisdom(ctx, env);
     const char *policy = o->policy_file ? o->policy_file : sdpa__env_value(env, SDPA_ENV_POLICY);

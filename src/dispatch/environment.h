@@ -20,6 +20,7 @@ typedef enum sdpa_env_id {
     SDPA_ENV_MAX_ISA,
     SDPA_ENV_CUDA_PLUGIN,
     SDPA_ENV_CUDA_FLASH_VARIANT,
+    SDPA_ENV_FINITE_GUARD,
     SDPA_ENV_XDG_CONFIG_HOME, /* where this user's wisdom lives */
     SDPA_ENV_HOME,
     SDPA_ENV_COUNT

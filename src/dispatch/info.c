@@ -16,6 +16,18 @@
 #include <string.h>
 
 
+/* The finite guard's line (info and explain). */
+void sdpa__guard_text(sdpa_strbuf *sb, const sdpa_context *ctx, int width)
+{
+    const int64_t n = sdpa_context_guard_events(ctx);
+    sdpa__sb_printf(sb, "%-*s%s, %lld event%s%s\n", width, "guard",
+                    atomic_load(&ctx->finite_guard) ? "on (finite outputs)" : "off",
+                    (long long)n, n == 1 ? "" : "s",
+                    atomic_load(&ctx->finite_guard) ? ""
+                                                    : " (SDPA_FINITE_GUARD=1 or "
+                                                      "sdpa_context_set_finite_guard)");
+}
+
 static const sdpa_cpu_feature *const features = sdpa__cpu_feature_table;
 
 static const char *amx_state(const sdpa_platform *p)
@@ -30,7 +42,7 @@ static void probe_decision(sdpa_context *ctx, const char **backend, const char *
                            char *rule, size_t n, sdpa_decision *dec)
 {
     sdpa_call_desc probe = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
-                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0, 0};
+                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0, 0, 0, 0};
     *backend = NULL, *source = "", rule[0] = '\0';
     if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0) {
         *backend = dec->candidates[0];
@@ -79,8 +91,9 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
                                      (p->cpu_features & features[i].bit) ? "" : "(unusable)");
     sdpa__sb_printf(sb, "%s\namx       %s\n", any ? "" : " none (portable code only)",
                     amx_state(p));
-    sdpa__sb_printf(sb, "threads   %d (of %d online CPUs)\n", sdpa_context_threads(ctx),
-                    p->cpu_cores);
+    sdpa__sb_printf(sb, "threads   %d (of %d online CPUs)%s\n", sdpa_context_threads(ctx),
+                    p->cpu_cores, ctx->host_for ? ", the caller's parallel-for" : "");
+    sdpa__guard_text(sb, ctx, 10);
     if (p->cuda_present)
         sdpa__sb_printf(sb, "cuda      %s, sm_%d%d, cuDNN %d\n", p->gpu_name, p->cc_major,
                         p->cc_minor, p->cudnn_version);
@@ -115,10 +128,11 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
             sdpa__mask_kinds_name(b.masks, kinds, sizeof kinds);
             snprintf(masks, sizeof masks, " masks:%s", kinds);
         }
-        sdpa__sb_printf(sb, "  %-14s %-8s %-6s %-13s D %d..%d%s%s%s%s%s  %s\n", b.name,
+        sdpa__sb_printf(sb, "  %-14s %-8s %-6s %-13s D %d..%d%s%s%s%s%s%s  %s\n", b.name,
                         b.version, b.device == SDPA_DEVICE_CUDA ? "cuda" : "cpu", dt,
                         b.head_dim_min, b.head_dim_max, step, b.lse ? " lse" : "",
-                        b.backward ? " backward" : "", b.product_bits == 8 ? " P in bf16" : "",
+                        b.backward ? " backward" : "", b.mixed_dtypes ? " mixed" : "",
+                        b.product_bits == 8 ? " P in bf16" : "",
                         masks,
                         b.present ? "present" : b.why_absent);
     }
@@ -152,8 +166,12 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
             sdpa__sb_printf(sb, "%s\"%s\"", n++ ? "," : "", features[i].name);
     sdpa__sb_printf(sb, "]");
     json_key(sb, "amx", amx_state(p), 1);
-    sdpa__sb_printf(sb, ",\"threads\":%d,\"cores\":%d},\"cuda\":{\"present\":%s",
-                    sdpa_context_threads(ctx), p->cpu_cores, p->cuda_present ? "true" : "false");
+    sdpa__sb_printf(sb, ",\"threads\":%d,\"cores\":%d,\"host_parallel_for\":%s}",
+                    sdpa_context_threads(ctx), p->cpu_cores, ctx->host_for ? "true" : "false");
+    sdpa__sb_printf(sb, ",\"finite_guard\":{\"on\":%s,\"events\":%lld}",
+                    atomic_load(&ctx->finite_guard) ? "true" : "false",
+                    (long long)sdpa_context_guard_events(ctx));
+    sdpa__sb_printf(sb, ",\"cuda\":{\"present\":%s", p->cuda_present ? "true" : "false");
     if (p->cuda_present) {
         json_key(sb, "name", p->gpu_name, 1);
         sdpa__sb_printf(sb, ",\"cc\":%d,\"cudnn\":%d,\"sm_count\":%d,\"memory_bytes\":%lld}",
@@ -229,13 +247,15 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
                         "],\"head_dim_min\":%d,\"head_dim_max\":%d,\"head_dim_multiple\":%d,"
                         "\"gqa\":%s,\"cross\":%s,\"causal_top_left\":%s,"
                         "\"causal_bottom_right\":%s,\"lse\":%s,\"deterministic\":%s,"
-                        "\"product_bits\":%d,\"backward\":%s,\"present\":%s",
+                        "\"product_bits\":%d,\"backward\":%s,\"mixed_dtypes\":%s,"
+                        "\"present\":%s",
                         b.head_dim_min, b.head_dim_max, b.head_dim_multiple,
                         b.gqa ? "true" : "false", b.cross ? "true" : "false",
                         b.causal_top_left ? "true" : "false",
                         b.causal_bottom_right ? "true" : "false", b.lse ? "true" : "false",
                         b.deterministic ? "true" : "false", b.product_bits,
-                        b.backward ? "true" : "false", b.present ? "true" : "false");
+                        b.backward ? "true" : "false", b.mixed_dtypes ? "true" : "false",
+                        b.present ? "true" : "false");
         json_key(sb, "why_absent", b.present ? NULL : b.why_absent, 1);
         sdpa__sb_printf(sb, "}");
     }

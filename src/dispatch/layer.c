@@ -25,6 +25,7 @@ struct sdpa_layer {
     sdpa_choice choice;          /* levels 1-4, captured at creation */
     _Atomic uint64_t latched[2]; /* bit per backend index: forward, backward */
     char who[112];               /* "layer 'NAME'", for the decision log */
+    _Atomic int guard;           /* the finite guard: 1, 0, or -1 as the context */
     sdpa_decision_cache cache;
 };
 
@@ -42,6 +43,25 @@ static void note(char *buf, size_t cap, const char *name, const char *why)
     }
 }
 
+/* The finite guard caught backend b (index) giving NaN or Inf from finite
+ * inputs: counted, latched off for the layer (or the context's one-shot
+ * calls), one warning the first time. */
+static void guard_event(sdpa_context *ctx, sdpa_layer *layer, const char *layer_name,
+                        const sdpa_call *call, const char *backend, int b)
+{
+    atomic_fetch_add(&ctx->guard_events, 1);
+    const uint64_t bit = 1ull << b;
+    _Atomic uint64_t *latch = layer ? &layer->latched[0] : &ctx->guard_latched;
+    if (atomic_fetch_or(latch, bit) & bit)
+        return;
+    char shape[256];
+    sdpa__desc_string(&call->desc, shape, sizeof shape);
+    sdpa__log(&ctx->log, SDPA_LOG_WARN,
+              "%s: backend %s gave a non-finite output from finite inputs (%s); finite guard: "
+              "latched off for %s, running the next candidate",
+              layer_name, backend, shape, layer ? "this layer" : "this context's one-shot calls");
+}
+
 /*
  * Runs the first candidate that can; with `warmup`, prepares it instead
  * (backend->prepare, or nothing when it has none): the same walk, latch
@@ -55,11 +75,21 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
     const char *when = warmup ? "at warm-up" : "at run time";
     const int pass = call->desc.backward; /* which latch, which entry point */
     const char *what = pass ? "backward pass" : "call";
-    const int fixed = source <= SDPA_SOURCE_ENVIRONMENT;
+    /* A share runs where every other share runs: a refusal is not taken
+     * to the next candidate, which would compute its rows differently. */
+    const int fixed = source <= SDPA_SOURCE_ENVIRONMENT || call->desc.shares > 0;
     char skipped[512] = "";
     int n_absent = 0;
-    sdpa_status st = sdpa__ctx_pool(ctx, &call->pool);
-    if (st != SDPA_OK)
+    const char *kept = NULL;
+    const int guard = layer ? atomic_load_explicit(&layer->guard, memory_order_relaxed) : -1;
+    const int guarded = !pass && !warmup && call->desc.shares == 0 &&
+                        call->desc.device == SDPA_DEVICE_CPU &&
+                        (guard >= 0 ? guard : atomic_load_explicit(&ctx->finite_guard,
+                                                                   memory_order_relaxed));
+    sdpa_status st = SDPA_OK;
+    if (call->desc.shares > 0)
+        call->pool = sdpa__pool_share(call->share, call->desc.shares);
+    else if ((st = sdpa__ctx_pool(ctx, &call->pool)) != SDPA_OK)
         return st;
     call->cpu_features = ctx->host.cpu_features;
     call->cuda_flash_variant = ctx->cuda_flash_variant;
@@ -77,10 +107,22 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
             note(skipped, sizeof skipped, be->name, ctx->why_absent[b]);
             continue;
         }
+        if (!layer && (atomic_load_explicit(&ctx->guard_latched, memory_order_relaxed) >> b) & 1u &&
+            !pass) {
+            note(skipped, sizeof skipped, be->name, "latched off by the finite guard");
+            continue;
+        }
         st = pass      ? be->backward(be, call)
              : !warmup ? be->run(be, call)
              : be->prepare ? be->prepare(be, call)
                            : SDPA_OK;
+        if (st == SDPA_OK && guarded && strcmp(be->name, "ref") != 0 &&
+            sdpa__guard_output_bad(call) && sdpa__guard_inputs_finite(call)) {
+            guard_event(ctx, layer, layer_name, call, be->name, b);
+            kept = be->name; /* what the output holds if no later candidate runs */
+            note(skipped, sizeof skipped, be->name, "non-finite output (finite guard)");
+            continue;
+        }
         if (st == SDPA_OK) {
             sdpa__set_last_backend(be->name);
             sdpa__clear_error();
@@ -106,6 +148,14 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
                       "candidate",
                       layer_name, be->name, what, when, reason);
         }
+    }
+    if (kept) { /* the guard's last refusal is all there is: its output stands */
+        sdpa__log(&ctx->log, SDPA_LOG_WARN,
+                  "%s: no candidate after %s gave a finite output; keeping %s's", layer_name,
+                  kept, kept);
+        sdpa__set_last_backend(kept);
+        sdpa__clear_error();
+        return SDPA_OK;
     }
     /* Only absent backends: nothing here can run it. Otherwise the call
      * itself is what the candidates refused. */
@@ -169,6 +219,27 @@ sdpa_status sdpa_forward(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_ten
     return context_call(ctx, q, k, v, out, lse, params, 0);
 }
 
+sdpa_status sdpa_forward_share(sdpa_context *ctx, int share, int shares, const sdpa_tensor *q,
+                               const sdpa_tensor *k, const sdpa_tensor *v, sdpa_tensor *out,
+                               float *lse, const sdpa_params *params)
+{
+    if (!ctx)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
+    if (shares < 1 || shares > 4096)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "shares is %d, expected 1..4096", shares);
+    if (share < 0 || share >= shares)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "share is %d, expected 0..%d (shares - 1)",
+                          share, shares - 1);
+    sdpa_call call;
+    sdpa_status st = sdpa__call_prepare(q, k, v, out, lse, params, &call);
+    if (st != SDPA_OK)
+        return st;
+    call.desc.shares = shares, call.share = share;
+    return context_run(ctx, &call,
+                       params && params->layer_name ? params->layer_name : "sdpa_forward_share",
+                       0);
+}
+
 sdpa_status sdpa_warmup(sdpa_context *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                         const sdpa_tensor *v, sdpa_tensor *out, float *lse,
                         const sdpa_params *params)
@@ -206,6 +277,7 @@ sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc, sd
     if (!l)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate a layer");
     l->ctx = ctx;
+    atomic_store(&l->guard, -1);
     sdpa__strlcpy(l->name, desc->name ? desc->name : "(unnamed layer)", sizeof l->name);
     sdpa__strlcpy(l->component, desc->component ? desc->component : "", sizeof l->component);
     sdpa__strlcpy(l->quant, desc->quant ? desc->quant : "", sizeof l->quant);
@@ -310,4 +382,30 @@ sdpa_status sdpa_layer_backward(sdpa_layer *l, const sdpa_tensor *q, const sdpa_
     if (st != SDPA_OK)
         return st;
     return layer_run(l, &call, 0);
+}
+
+sdpa_status sdpa_layer_set_finite_guard(sdpa_layer *l, int on)
+{
+    if (!l)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "layer is NULL, expected a layer");
+    if (on < -1 || on > 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "on is %d, expected 1 (on), 0 (off) or -1 (as the context)", on);
+    atomic_store(&l->guard, on);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa_context_set_finite_guard(sdpa_context *ctx, int on)
+{
+    if (!ctx)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
+    if (on != 0 && on != 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "on is %d, expected 1 (on) or 0 (off)", on);
+    atomic_store(&ctx->finite_guard, on);
+    return SDPA_OK;
+}
+
+int64_t sdpa_context_guard_events(const sdpa_context *ctx)
+{
+    return ctx ? atomic_load(&((sdpa_context *)ctx)->guard_events) : 0;
 }

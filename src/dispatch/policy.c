@@ -7,7 +7,7 @@
  *     rule blackwell-cudnn
  *     device      cuda
  *     cc          10.x
- *     dtype       f16 bf16
+ *     dtype       f16 bf16     (q's; kv_dtype: k and v's, which may differ)
  *     causal      none
  *     same_heads  yes
  *     try         cuda.cudnn cuda.flash cuda.unfused
@@ -205,14 +205,14 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             sdpa__strlcpy(r->vendor[i], w[i], sizeof r->vendor[i]);
         }
         r->n_vendor = n;
-    } else if (strcmp(key, "dtype") == 0) {
+    } else if (strcmp(key, "dtype") == 0 || strcmp(key, "kv_dtype") == 0) {
         for (int i = 0; i < n; i++) {
             int t = 0;
             while (t < SDPA_DTYPE_COUNT && strcmp(sdpa_dtype_name((sdpa_dtype)t), w[i]))
                 t++;
             if (t == SDPA_DTYPE_COUNT)
-                return perr(ps, "dtype '%s' unknown, expected f32, f16 or bf16%s", w[i], "");
-            r->dtypes |= 1u << t;
+                return perr(ps, "%s '%s' unknown, expected f32, f16 or bf16", key, w[i]);
+            *(key[0] == 'k' ? &r->kv_dtypes : &r->dtypes) |= 1u << t;
         }
     } else if (strcmp(key, "causal") == 0) {
         for (int i = 0; i < n; i++) {
@@ -279,7 +279,7 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             i++;
         if (i == 6)
             return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, vendor, dtype, "
-                            "causal, mask, pass, lse, deterministic, quant, component, B, Sq, "
+                            "kv_dtype, causal, mask, pass, lse, deterministic, quant, component, B, Sq, "
                             "Skv, Hq, Hkv, D, same_seq, same_heads, try, evidence, class, source "
                             "or claim)%s",
                         key, "");
@@ -499,6 +499,8 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
     if (!(r->pass & (d->backward ? 2 : 1)))
         return 0;
     if (r->dtypes && !(r->dtypes & (1u << d->dtype)))
+        return 0;
+    if (r->kv_dtypes && !(r->kv_dtypes & (1u << sdpa__kv_dtype(d))))
         return 0;
     if (r->masks) {
         const unsigned top = sdpa__mask_kind_top(d->mask);

@@ -88,6 +88,25 @@ int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
         sdpa__fmt(why, n, "dtype %s not supported (%s only)", sdpa_dtype_name(d->dtype), list);
         return 0;
     }
+    if (d->shares > 0 && !c->shares) {
+        sdpa__fmt(why, n, "a share of a call (sdpa_forward_share) not supported (%s)",
+                  b->device == SDPA_DEVICE_CUDA ? "one launch per call"
+                                                : "its regions read what other tasks wrote");
+        return 0;
+    }
+    if (sdpa__mixed_dtypes(d)) {
+        const sdpa_dtype kv = sdpa__kv_dtype(d);
+        if (!c->mixed_dtypes) {
+            sdpa__fmt(why, n, "q %s with k, v %s: mixed dtypes not supported (one dtype for all)",
+                      sdpa_dtype_name(d->dtype), sdpa_dtype_name(kv));
+            return 0;
+        }
+        if (!(c->dtypes & SDPA_DTYPE_BIT(kv))) {
+            dtype_list(c->dtypes, list, sizeof list);
+            sdpa__fmt(why, n, "k, v dtype %s not supported (%s only)", sdpa_dtype_name(kv), list);
+            return 0;
+        }
+    }
     if (d->D < c->d_min || d->D > c->d_max || d->D % c->d_multiple != 0) {
         if (c->d_multiple > 1)
             sdpa__fmt(why, n, "head_dim %lld not supported (multiple of %d in %d..%d)",

@@ -144,7 +144,7 @@ static void ref_task(void *arg, int64_t task, int worker)
 static sdpa_status ref_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
-    int threads = sdpa__pool_threads(c->pool);
+    int threads = sdpa__pool_workers(c->pool); /* workspaces */
     size_t per = (size_t)(c->desc.Skv + c->desc.D);
     ref_job job = {c, sdpa__malloc(sizeof(double) * per * (size_t)threads)};
     if (!job.work)
@@ -244,7 +244,7 @@ static void ref_grad_task(void *arg, int64_t task, int worker)
 static sdpa_status ref_backward(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
-    const int threads = sdpa__pool_threads(c->pool);
+    const int threads = sdpa__pool_workers(c->pool); /* workspaces */
     const sdpa_call_desc *d = &c->desc;
     ref_grad_job job = {c, NULL, (size_t)(2 * d->Skv * d->D + 2 * d->Skv + d->D)};
     job.work = sdpa__malloc(sizeof(double) * job.per * (size_t)threads);
@@ -260,7 +260,7 @@ const sdpa_backend sdpa__backend_ref = {
     .name = "ref",
     .summary = "float64 reference: obvious loops, the test oracle",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
+    .caps = {.shares = 1, .mixed_dtypes = 1, .dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1 << 20, .d_multiple = 1, .gqa = 1, .cross = 1,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,

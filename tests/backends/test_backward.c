@@ -172,10 +172,12 @@ static void describe(const bcase *bc, char *buf, size_t n)
 {
     const tl_case *c = &bc->c;
     snprintf(buf, n,
-             "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s grad=%s causal=%s %s %s "
+             "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s%s%s grad=%s causal=%s %s %s "
              "scale=%g masks=%s%s%s%s%s",
              (long long)c->B, (long long)c->Sq, (long long)c->Skv, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->D, sdpa_dtype_name(c->dtype),
+             tl_kv_dtype(c) != c->dtype ? " kv=" : "",
+             tl_kv_dtype(c) != c->dtype ? sdpa_dtype_name(tl_kv_dtype(c)) : "",
              sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal), tl_layout_name(c->layout),
              tl_values_name(c->values), tl_case_scale(c), bc->masks & M_SEQ_LEN ? "seq_len " : "",
              bc->masks & M_KEY ? "key " : "", bc->masks & M_BOOL ? "bool " : "",
@@ -193,7 +195,8 @@ static int claims(const char *backend, const bcase *bc, char *why, size_t n)
 {
     const tl_case *c = &bc->c;
     sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                        c->causal, 1, 0, backend, NULL, NULL, mask_kinds(bc->masks), 1};
+                        c->causal, 1, 0, backend, NULL, NULL, mask_kinds(bc->masks), 1,
+                        tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0, 0};
     return tl_claims(ctx2, &d, why, n);
 }
 
@@ -285,7 +288,7 @@ static void check_case(const char *backend, const bcase *bc)
 static bcase mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D)
 {
     bcase b = {{B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                TL_UNIFORM, 0},
+                TL_UNIFORM, 0, 0},
                0, 0};
     return b;
 }
@@ -359,6 +362,16 @@ static void grid(const char *backend)
                 b.c.causal = (sdpa_causal)((in + out) % 3);
                 check_case(backend, &b);
             }
+    /* mixed dtypes: f32 q over f16 or bf16 k and v, and the reverse */
+    for (int i = 0; i < 4; i++) {
+        static const int pairs[4][2] = {
+            {SDPA_F32, SDPA_F16}, {SDPA_F32, SDPA_BF16}, {SDPA_BF16, SDPA_F32}, {SDPA_F16, SDPA_BF16}};
+        b = mk(2, 45 + 30 * i, 67 + 100 * (i % 2), 4, 2, i % 2 ? 72 : 64);
+        b.c.dtype = (sdpa_dtype)pairs[i][0], b.c.kv_dtype = SDPA_KV_DTYPE(pairs[i][1]);
+        b.c.causal = (sdpa_causal)(i % 3), b.c.layout = (tl_layout)(i % 3);
+        b.masks = i == 3 ? M_KEY : 0;
+        check_case(backend, &b);
+    }
     /* peaked softmaxes and a custom scale */
     for (int causal = 0; causal <= 2; causal++) {
         b = mk(2, 129, 300, 2, 1, 64);
@@ -553,7 +566,7 @@ static void api(void)
             CHECK(bi.backward, "the dispatcher ran %s, which has no backward pass", ran);
     /* explain says it is a backward call and why the others are passed over */
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128, SDPA_CAUSAL_NONE,
-                        1, 0, NULL, NULL, NULL, 0, 1};
+                        1, 0, NULL, NULL, NULL, 0, 1, 0, 0};
     char *text = NULL;
     CHECK_STATUS(sdpa_explain(ctx2, &d, 0, &text), SDPA_OK);
     CHECK(text && strstr(text, "call        backward cpu f32"), "explain: %s", text ? text : "");

@@ -28,10 +28,12 @@ static sdpa_context *ctx1, *ctx2; /* 1 and 2 threads */
 static void describe(const tl_case *c, char *buf, size_t n)
 {
     snprintf(buf, n,
-             "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s out=%s causal=%s %s%s %s "
+             "B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld D=%lld in=%s%s%s out=%s causal=%s %s%s %s "
              "scale=%g",
              (long long)c->B, (long long)c->Sq, (long long)c->Skv, (long long)c->Hq,
              (long long)c->Hkv, (long long)c->D, sdpa_dtype_name(c->dtype),
+             tl_kv_dtype(c) != c->dtype ? " kv=" : "",
+             tl_kv_dtype(c) != c->dtype ? sdpa_dtype_name(tl_kv_dtype(c)) : "",
              sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal), tl_layout_name(c->layout),
              c->want_lse ? " lse" : "", tl_values_name(c->values), tl_case_scale(c));
 }
@@ -60,7 +62,8 @@ static sdpa_backend_info info(const char *backend)
 static int claims(const char *backend, const tl_case *c, char *why, size_t n)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                        c->causal, c->want_lse, 0, backend, NULL, NULL, 0, 0};
+                        c->causal, c->want_lse, 0, backend, NULL, NULL, 0, 0,
+                        tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0, 0};
     return tl_claims(ctx2, &d, why, n);
 }
 
@@ -119,7 +122,8 @@ static void check_case(const char *backend, const tl_case *case_in)
      * same bounds, to the reference on the inputs as they are, whichever of
      * the two it is closer to. */
     tl_problem pr = p, rounded;
-    const int round_inputs = bi.product_bits == 8 && c->dtype == SDPA_F16;
+    const int round_inputs =
+        bi.product_bits == 8 && (c->dtype == SDPA_F16 || tl_kv_dtype(c) == SDPA_F16);
     if (round_inputs) {
         if (!tl_problem_rounded(&rounded, &p, SDPA_BF16)) {
             CHECK(0, "%s: out of memory", what);
@@ -241,7 +245,8 @@ static void huge_scale_case(const char *backend, const tl_case *case_in)
     /* the reference on the inputs as the backend rounds them (f16 to bf16
      * for bf16 products): the LSE is the largest score times 1e30 */
     tl_problem rounded;
-    const int round_inputs = bi.product_bits == 8 && c->dtype == SDPA_F16;
+    const int round_inputs =
+        bi.product_bits == 8 && (c->dtype == SDPA_F16 || tl_kv_dtype(c) == SDPA_F16);
     if (round_inputs && !tl_problem_rounded(&rounded, &p, SDPA_BF16)) {
         CHECK(0, "%s: out of memory", what);
         return;
@@ -266,7 +271,7 @@ static void huge_scale_case(const char *backend, const tl_case *case_in)
 
 static tl_case mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D)
 {
-    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
     return c;
 }
 
@@ -396,6 +401,30 @@ static void grid(const char *backend)
         c.values = TL_PEAKED, c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         check_case(backend, &c);
         nonfinite_cases(backend, mk(1, 2, 600, 4, 2, 64));
+    }
+    /* Mixed dtypes: q in one dtype, k and v in another (f32 queries over
+     * an f16 or bf16 cache, as stable-diffusion.cpp calls it, and the
+     * reverse), through every path of the CPU kernels: short and long key
+     * ranges, few queries, grouped-query, cross, causal, strided, peaked,
+     * head dims with tails; a backend that converts one dtype only skips. */
+    {
+        static const int pairs[][2] = {{SDPA_F32, SDPA_F16}, {SDPA_F32, SDPA_BF16},
+                                       {SDPA_BF16, SDPA_F32}, {SDPA_F16, SDPA_BF16},
+                                       {SDPA_BF16, SDPA_F16}};
+        static const int64_t shapes[][6] = {{1, 129, 129, 2, 2, 64}, {1, 50, 600, 4, 2, 72},
+                                            {2, 300, 77, 2, 2, 128}, {1, 1, 333, 8, 2, 64},
+                                            {1, 3, 2053, 4, 4, 80},  {2, 45, 67, 4, 1, 96}};
+        int n = 0;
+        for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+            for (size_t j = 0; j < sizeof shapes / sizeof *shapes; j++, n++) {
+                c = mk(shapes[j][0], shapes[j][1], shapes[j][2], shapes[j][3], shapes[j][4],
+                       shapes[j][5]);
+                c.dtype = (sdpa_dtype)pairs[i][0], c.kv_dtype = SDPA_KV_DTYPE(pairs[i][1]);
+                c.out_dtype = n % 4 == 3 ? SDPA_BF16 : SDPA_F32;
+                c.causal = (sdpa_causal)(n % 3), c.layout = (tl_layout)(n % 3);
+                c.values = n % 5 == 4 ? TL_PEAKED : TL_UNIFORM;
+                check_case(backend, &c);
+            }
     }
     /* A huge finite scale: no undefined behaviour, the largest score wins. */
     c = mk(1, 40, 70, 2, 2, 64);

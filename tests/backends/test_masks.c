@@ -262,7 +262,7 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
     /* every other backend: the same answer, or a refusal naming the mask */
     for (int bi = 0; bi < nb; bi++) {
         sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                            c->causal, 1, 0, backends[bi], NULL, NULL, kinds, 0};
+                            c->causal, 1, 0, backends[bi], NULL, NULL, kinds, 0, 0, 0};
         sdpa_decision dec;
         CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
         if (dec.n_candidates == 0) {
@@ -301,7 +301,7 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
 static void bad_input(void)
 {
     tl_case c = {2, 9, 11, 2, 1, 16, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                 TL_UNIFORM, 0};
+                 TL_UNIFORM, 0, 0};
     tl_problem p;
     tl_output o;
     tl_problem_make(&p, &c);
@@ -353,7 +353,7 @@ static void bad_input(void)
 static void dispatch(void)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 64, 64, 2, 2, 64, SDPA_CAUSAL_NONE, 0, 0,
-                        NULL, NULL, NULL, SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, 0};
+                        NULL, NULL, NULL, SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, 0, 0, 0};
     sdpa_context *c2 = tl_context("cpu:isa=portable");
     CHECK_STATUS(sdpa_context_load_policy_text(c2,
                                                "rule keys\nmask key\ntry ref\nevidence t\n"
@@ -411,23 +411,23 @@ int main(void)
     for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++)
         for (int causal = 0; causal <= 2; causal++) {
             tl_case c = {3, 23, 37, 4, 2, 24, SDPA_F32, SDPA_F32, (sdpa_causal)causal, TL_STRIDED,
-                         1, TL_UNIFORM, 0};
+                         1, TL_UNIFORM, 0, 0};
             one_case(&c, kinds[ki], backends, nb);
             c.dtype = SDPA_BF16, c.Sq = 40, c.Skv = 17, c.Hkv = 4, c.layout = TL_BHSD;
             one_case(&c, kinds[ki], backends, nb);
             /* several query blocks (BQ up to 64) and key blocks (BK 128) */
             tl_case big = {2, 150, 333, 2, 1, 40, causal == 0 ? SDPA_F32 : causal == 1 ? SDPA_F16 : SDPA_BF16, SDPA_F32,
-                           (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0};
+                           (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0, 0};
             one_case(&big, kinds[ki], backends, nb);
             /* at most 8 query rows per KV head (the CPU kernels' few-query
              * path, flash_decode.h): grouped-query rows of one KV head
              * together, and keys cut into chunks merged after (one KV
              * head, 700 keys) */
             tl_case few = {3, 2, 37, 8, 4, 24, SDPA_F32, SDPA_F32, (sdpa_causal)causal, TL_STRIDED,
-                           1, TL_UNIFORM, 0};
+                           1, TL_UNIFORM, 0, 0};
             one_case(&few, kinds[ki], backends, nb);
             tl_case split = {1, 1, 700, 4, 1, 40, causal == 1 ? SDPA_F16 : SDPA_BF16, SDPA_F32,
-                             (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0};
+                             (sdpa_causal)causal, TL_BSHD, 1, TL_UNIFORM, 0, 0};
             one_case(&split, kinds[ki], backends, nb);
         }
     bad_input();

@@ -232,7 +232,7 @@ static void one_case(const tl_case *c, const sdpa_block_map *m, const sdpa_windo
             if (sdpa_backend_get(ctx, i, &info) == SDPA_OK && strcmp(info.name, backends[bi]) == 0)
                 break;
         sdpa_call_desc dd = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                             c->causal, 1, 0, backends[bi], NULL, NULL, 0, 0};
+                             c->causal, 1, 0, backends[bi], NULL, NULL, 0, 0, 0, 0};
         dd.mask = (x->lens ? SDPA_MASK_KIND_SEQ_LEN : 0) | (x->key ? SDPA_MASK_KIND_KEY : 0) |
                   (m ? SDPA_MASK_KIND_BLOCKS : 0) | (w ? SDPA_MASK_KIND_WINDOW : 0);
         char why[200];
@@ -316,7 +316,7 @@ static void maps(void)
         for (int causal = 0; causal <= 2; causal++) {
             tl_case c = {2, 300, 300, 4, 2, 64, dtypes[(si + causal) % 3], SDPA_F32,
                          (sdpa_causal)causal, si % 2 ? TL_STRIDED : TL_BSHD, 1,
-                         si == 2 ? TL_PEAKED : TL_UNIFORM, 0};
+                         si == 2 ? TL_PEAKED : TL_UNIFORM, 0, 0};
             test_map t;
             extras x = {{0}, {0}, 0, NULL};
             const int bits = (si + causal) % 2;
@@ -333,7 +333,7 @@ static void maps(void)
         }
         /* cross attention (Sq != Skv), bottom-right causal, lengths and a key mask */
         tl_case c = {3, 97, 260, 2, 1, 40, dtypes[si % 3], SDPA_F32, SDPA_CAUSAL_BOTTOM_RIGHT,
-                     TL_BSHD, 1, TL_UNIFORM, 0};
+                     TL_BSHD, 1, TL_UNIFORM, 0, 0};
         extras x = {{97, 50, 0}, {260, 200, 130}, 1, malloc((size_t)(3 * 260))};
         for (int i = 0; i < 3 * 260; i++)
             x.key[i] = draw(5) != 0;
@@ -354,7 +354,7 @@ static void maps(void)
      * a window or a map: found by fuzz_forward) */
     for (int64_t sq = 1; sq <= 3; sq += 2) {
         tl_case c = {2, sq, 300, 4, 2, 16, sq == 1 ? SDPA_BF16 : SDPA_F32, SDPA_F32,
-                     SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+                     SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
         extras x = {{(int32_t)sq, 1}, {300, 150}, 1, NULL};
         const sdpa_window w = {17, 11};
         char what[160];
@@ -379,7 +379,7 @@ static void windows(void)
                 continue;
             tl_case c = {1, wi % 2 ? 200 : 333, 333, 3, wi % 3 ? 3 : 1, wi % 2 ? 72 : 64,
                          wi % 3 == 1 ? SDPA_BF16 : SDPA_F32, SDPA_F32, (sdpa_causal)causal,
-                         TL_BSHD, 1, wi == 3 ? TL_PEAKED : TL_UNIFORM, 0};
+                         TL_BSHD, 1, wi == 3 ? TL_PEAKED : TL_UNIFORM, 0, 0};
             extras x = {{0}, {0}, 0, NULL};
             if (wi == 4)
                 x.lens = 1, x.lq[0] = 150, x.lkv[0] = 290;
@@ -470,7 +470,7 @@ static void neighborhoods(void)
             CHECK(m->partial_count == NULL, "3-D case %zu: tile-aligned map has partial blocks",
                   ci);
         tl_case c = {1, N, N, Hq, 1, 32, cases[ci].dt, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                     TL_UNIFORM, 0};
+                     TL_UNIFORM, 0, 0};
         extras x = {{0}, {0}, 0, NULL};
         char what[160];
         snprintf(what, sizeof what, "3-D case %zu (N=%lld, density %.2f)", ci, (long long)N,
@@ -483,7 +483,7 @@ static void neighborhoods(void)
 static void bad_maps(void)
 {
     tl_case c = {2, 130, 200, 2, 1, 16, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                 TL_UNIFORM, 0};
+                 TL_UNIFORM, 0, 0};
     tl_problem p;
     tl_output o;
     tl_problem_make(&p, &c);
@@ -556,7 +556,7 @@ static void bad_maps(void)
 static void dispatch(void)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 4096, 4096, 2, 2, 64, SDPA_CAUSAL_NONE, 0,
-                        0, NULL, NULL, NULL, SDPA_MASK_KIND_BLOCKS, 0};
+                        0, NULL, NULL, NULL, SDPA_MASK_KIND_BLOCKS, 0, 0, 0};
     char *text;
     CHECK_STATUS(sdpa_explain(ctx, &d, 1, &text), SDPA_OK);
     CHECK(strstr(text, "\"mask\":\"blocks\"") != NULL, "explain JSON names the map: %s", text);

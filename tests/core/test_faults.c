@@ -203,7 +203,7 @@ static int backward_faults(const char *backend)
         memset(&a, 0, sizeof a);
         a.backend = backend;
         tl_case c = {1, shapes[s][0], shapes[s][1], 4, shapes[s][2], 64, SDPA_F32, SDPA_F32,
-                     SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+                     SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
         if (!tl_problem_make(&a.p, &c) || !tl_problem_make(&a.dp, &c) ||
             !tl_output_make(&a.out, &a.p))
             return 0;
@@ -239,7 +239,7 @@ static int backward_faults(const char *backend)
 static sdpa_status explain(void *arg)
 {
     sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
-                        1, 0, NULL, NULL, NULL, 0, 0};
+                        1, 0, NULL, NULL, NULL, 0, 0, 0, 0};
     char *text = NULL;
     sdpa_status st = sdpa_explain(arg, &d, 1, &text);
     CHECK((st == SDPA_OK) == (text != NULL), "explain text with status %s",
@@ -276,7 +276,7 @@ int main(void)
             memset(&a, 0, sizeof a);
             a.backend = names[i], a.layer = layer;
             tl_case c = {1, 70, 45, 4, 2, 64, dtypes[i], SDPA_F32, SDPA_CAUSAL_TOP_LEFT,
-                         TL_BSHD, 1, TL_UNIFORM, 0};
+                         TL_BSHD, 1, TL_UNIFORM, 0, 0};
             if (!tl_problem_make(&a.p, &c) || !tl_output_make(&a.out, &a.p))
                 return 1;
             const size_t nl = (size_t)(c.B * c.Hq * c.Sq);

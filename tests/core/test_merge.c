@@ -117,7 +117,7 @@ static void split_case(tl_case c)
 static void bad_input(void)
 {
     tl_case c = {1, 8, 8, 2, 2, 16, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                 TL_UNIFORM, 0};
+                 TL_UNIFORM, 0, 0};
     tl_problem p;
     tl_output a, b, o;
     tl_problem_make(&p, &c);
@@ -152,11 +152,11 @@ int main(void)
     tl_seed_from_env();
     ctx = tl_context(NULL);
     split_case((tl_case){2, 37, 100, 4, 2, 24, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_STRIDED, 1,
-                         TL_UNIFORM, 0});
+                         TL_UNIFORM, 0, 0});
     split_case((tl_case){1, 64, 301, 2, 2, 64, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BHSD, 1,
-                         TL_PEAKED, 0});
+                         TL_PEAKED, 0, 0});
     split_case((tl_case){2, 17, 90, 2, 1, 32, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                         TL_UNIFORM, 0});
+                         TL_UNIFORM, 0, 0});
     bad_input();
     sdpa_context_destroy(ctx);
     return tl_finish();

@@ -166,7 +166,7 @@ static void refusal_falls_back(void)
     CHECK(found, "cpu.amx is not in the backend table");
 
     /* bf16, the dtype the rules send to cpu.amx first */
-    tl_case c = {1, 77, 131, 4, 2, 128, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+    tl_case c = {1, 77, 131, 4, 2, 128, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
     sdpa_call_desc d;
     memset(&d, 0, sizeof d);
     d.device = SDPA_DEVICE_CPU, d.dtype = SDPA_BF16;

@@ -87,7 +87,7 @@ int main(void)
     c = good(), c.q.dtype = (sdpa_dtype)7;
     expect_invalid("unknown dtype", c, "q->dtype is 7", 0);
     c = good(), c.k.dtype = SDPA_F16;
-    expect_invalid("mixed input dtypes", c, "k->dtype is f16, expected q's dtype f32", 0);
+    expect_invalid("k and v of two dtypes", c, "v->dtype is f32, expected k's dtype f16", 0);
     c = good(), c.o.data = qm;
     expect_invalid("out overlaps q", c, "out overlaps q", 0);
     c = good(), c.o.data = vm + 100;

@@ -195,12 +195,12 @@ int main(int argc, char **argv)
         }
         printf("== %s\n", names[n]);
         const tl_case cases[] = {
-            {1, 128, 128, 4, 4, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
-            {2, 257, 77, 8, 2, 128, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
-            {1, 513, 513, 4, 4, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_TOP_LEFT, TL_BHSD, 1, TL_UNIFORM, 0},
-            {1, 100, 300, 4, 1, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_BOTTOM_RIGHT, TL_STRIDED, 1, TL_UNIFORM, 0},
-            {1, 33, 33, 2, 2, 72, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
-            {1, 1, 1, 1, 1, 64, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0},
+            {1, 128, 128, 4, 4, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0},
+            {2, 257, 77, 8, 2, 128, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0},
+            {1, 513, 513, 4, 4, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_TOP_LEFT, TL_BHSD, 1, TL_UNIFORM, 0, 0},
+            {1, 100, 300, 4, 1, 64, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_BOTTOM_RIGHT, TL_STRIDED, 1, TL_UNIFORM, 0, 0},
+            {1, 33, 33, 2, 2, 72, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0},
+            {1, 1, 1, 1, 1, 64, SDPA_F16, SDPA_F16, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0},
         };
         /* cuDNN must itself serve the first, known-good shape (not a skip, not
          * a fallback: the backend is named); cuda.flash claims every case. */
@@ -217,14 +217,14 @@ int main(int argc, char **argv)
         both = lens, both.key = key, both.key_stride[0] = 300, both.key_stride[1] = 1;
         for (int causal = 0; causal <= 2; causal++) {
             tl_case m = {2, 128, 300, 4, 2, 64, SDPA_BF16, SDPA_BF16, (sdpa_causal)causal,
-                         TL_BSHD, 1, TL_UNIFORM, 0};
+                         TL_BSHD, 1, TL_UNIFORM, 0, 0};
             check_case(names[n], "ref", m, 1, &lens);
             if (n != 0)
                 check_case(names[n], "ref", m, 1, &both);
         }
         if (unfused_present && n != 2) {
             tl_case big = {1, 4096, 4096, 8, 8, 128, SDPA_BF16, SDPA_BF16, SDPA_CAUSAL_NONE,
-                           TL_BSHD, 1, TL_UNIFORM, 0};
+                           TL_BSHD, 1, TL_UNIFORM, 0, 0};
             check_case(names[n], "cuda.unfused", big, n == 1, NULL);
         }
     }

@@ -102,7 +102,7 @@ static void check(tl_case c, const sdpa_mask *mask = NULL)
 static tl_case mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D,
                   sdpa_dtype t, sdpa_causal causal, tl_layout layout)
 {
-    return tl_case{B, Sq, Skv, Hq, Hkv, D, t, t, causal, layout, 1, TL_UNIFORM, 0};
+    return tl_case{B, Sq, Skv, Hq, Hkv, D, t, t, causal, layout, 1, TL_UNIFORM, 0, 0};
 }
 
 int main(void)

@@ -112,7 +112,7 @@ static void check(tl_case c, const sdpa_mask *mask)
 static tl_case mk(int64_t B, int64_t Sq, int64_t Skv, int64_t Hq, int64_t Hkv, int64_t D,
                   sdpa_causal causal)
 {
-    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, causal, TL_BSHD, 1, TL_UNIFORM, 0};
+    tl_case c = {B, Sq, Skv, Hq, Hkv, D, SDPA_F32, SDPA_F32, causal, TL_BSHD, 1, TL_UNIFORM, 0, 0};
     return c;
 }
 

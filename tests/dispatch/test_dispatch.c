@@ -407,7 +407,7 @@ typedef struct run_setup {
 
 static void setup(run_setup *r, sdpa_context *ctx, int lse)
 {
-    tl_case c = {1, 70, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, lse, TL_UNIFORM, 0};
+    tl_case c = {1, 70, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, lse, TL_UNIFORM, 0, 0};
     tl_problem_make(&r->p, &c);
     tl_output_make(&r->out, &r->p);
     tl_output_make(&r->ref, &r->p);
@@ -844,7 +844,7 @@ typedef struct pool_arg {
 static void *pool_thread(void *raw)
 {
     pool_arg *a = raw;
-    tl_case c = {1, 90, 70, 4, 2, 64, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+    tl_case c = {1, 90, 70, 4, 2, 64, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
     a->ok = 1;
     for (int i = 0; i < 4; i++) {
         double diff;
@@ -935,7 +935,7 @@ static void max_isa_bf16(const sdpa_platform *host)
         sdpa_context *ctx = capped_context(caps[i].level);
         if (!ctx)
             continue;
-        tl_case c = {1, 70, 45, 4, 2, 32, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0};
+        tl_case c = {1, 70, 45, 4, 2, 32, SDPA_BF16, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
         double diff;
         char ran[64];
         CHECK_STATUS(tl_run_against_ref(ctx, NULL, &c, &diff, ran, sizeof ran), SDPA_OK);
@@ -1099,7 +1099,7 @@ static void test_oneshot_cache(void)
     sdpa_override_pop();
     CHECK(strcmp(t.ran, "test.b") == 0, "thread B while A holds an override ran %s", t.ran);
     tl_case other = {1, 33, 45, 4, 2, 32, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
-                     TL_UNIFORM, 0};
+                     TL_UNIFORM, 0, 0};
     run_setup r2;
     tl_problem_make(&r2.p, &other);
     tl_output_make(&r2.out, &r2.p);

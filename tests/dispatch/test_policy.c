@@ -89,6 +89,30 @@ static void test_json_escaping(void)
     sdpa_context_destroy(ctx);
 }
 
+/* kv_dtype matches k and v's dtype, which a mixed call has apart from q's. */
+static void test_kv_dtype(void)
+{
+    expect_error("rule a\nkv_dtype f8\ntry ref\nevidence x\n", "kv_dtype 'f8' unknown");
+    sdpa_context *ctx = tl_context(NULL);
+    CHECK_STATUS(sdpa_context_load_policy_text(ctx,
+                                               "rule mixed\ndevice cpu\ndtype f32\nkv_dtype f16\n"
+                                               "try cpu.portable\nevidence x\n",
+                                               "u.rules"),
+                 SDPA_OK);
+    sdpa_call_desc d = call(SDPA_DEVICE_CPU, 1, 64, 64);
+    d.dtype = SDPA_F32;
+    sdpa_decision dec;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
+    CHECK(strcmp(dec.rule, "mixed") != 0, "f32 k, v matched kv_dtype f16: %s", dec.rule);
+    d.kv_dtype = SDPA_KV_DTYPE(SDPA_F16);
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
+    CHECK(strcmp(dec.rule, "mixed") == 0 && strcmp(dec.candidates[0], "cpu.portable") == 0,
+          "q f32, k, v f16: rule %s, first %s", dec.rule, dec.candidates[0]);
+    d.kv_dtype = 9;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_INVALID_ARGUMENT);
+    sdpa_context_destroy(ctx);
+}
+
 /* Only regular files of at most 1 MiB are read; a FIFO is not waited on. */
 static void test_file_limits(void)
 {
@@ -300,5 +324,6 @@ int main(void)
     test_platform_parse();
     test_json_escaping();
     test_file_limits();
+    test_kv_dtype();
     return tl_finish();
 }

@@ -1,6 +1,9 @@
 /* scripted.c - see scripted.h. */
 #include "scripted.h"
 #include "dispatch/seam.h"
+#include "core/convert.h"
+
+#include <math.h>
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,6 +48,11 @@ static sdpa_status scripted_run(const sdpa_backend *self, const sdpa_call *call)
         float *o = call->out->data;
         if (call->out->dtype == SDPA_F32)
             o[0] += 1.0f;
+    }
+    if (st == SDPA_OK && s->nan_result) {
+        const sdpa_call_desc *d = &call->desc;
+        sdpa__store_f32(call->out->data, call->out->dtype,
+                        sdpa__offset(call->out, 0, d->Sq - 1, d->Hq - 1, d->D - 1), NAN);
     }
     return st;
 }

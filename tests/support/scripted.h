@@ -24,6 +24,8 @@ typedef struct scripted {
     double cost_ms;          /* advances scripted_clock_ms by this much per run   */
     double cost_per_key_ms;  /* ... plus this much per key (Skv): costs that cross  */
     double jitter;           /* ... times (1 + jitter * u), u uniform in [-1, 1)  */
+    int nan_result;          /* 1: runs ref, then writes NaN into output element
+                              * (0, Sq - 1, Hq - 1, D - 1): a fast path gone wrong */
 } scripted;
 
 /* A fake clock for the tuner: advanced only by scripted runs. */

@@ -195,17 +195,18 @@ int tl_problem_make(tl_problem *p, const tl_case *c)
     sdpa_tensor *ts[3] = {&p->q, &p->k, &p->v};
     for (int i = 0; i < 3; i++) {
         int64_t S = i == 0 ? c->Sq : c->Skv, H = i == 0 ? c->Hq : c->Hkv;
+        const sdpa_dtype dt = i == 0 ? c->dtype : tl_kv_dtype(c);
         size_t bytes;
-        layout_tensor(NULL, c->dtype, c->B, S, H, c->D, c->layout, &bytes);
+        layout_tensor(NULL, dt, c->B, S, H, c->D, c->layout, &bytes);
         p->qkv_mem[i] = tl_alloc_guarded(bytes);
         if (!p->qkv_mem[i])
             return 0;
         p->qkv_bytes[i] = bytes;
         /* Fill everything, gaps included, with random values: a kernel that
          * reads a gap gets a wrong answer rather than a lucky zero. */
-        for (size_t e = 0; e < bytes / sdpa_dtype_size(c->dtype); e++)
-            store(p->qkv_mem[i], c->dtype, (int64_t)e, tl_uniform());
-        *ts[i] = layout_tensor(p->qkv_mem[i], c->dtype, c->B, S, H, c->D, c->layout, &bytes);
+        for (size_t e = 0; e < bytes / sdpa_dtype_size(dt); e++)
+            store(p->qkv_mem[i], dt, (int64_t)e, tl_uniform());
+        *ts[i] = layout_tensor(p->qkv_mem[i], dt, c->B, S, H, c->D, c->layout, &bytes);
     }
     if (c->values != TL_UNIFORM)
         apply_values(p);
@@ -216,6 +217,7 @@ int tl_problem_rounded(tl_problem *dst, const tl_problem *src, sdpa_dtype t)
 {
     tl_case c = src->c;
     c.dtype = t;
+    c.kv_dtype = 0;
     c.values = TL_UNIFORM;
     if (!tl_problem_make(dst, &c))
         return 0;

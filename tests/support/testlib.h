@@ -73,7 +73,14 @@ typedef struct tl_case {
     int want_lse;
     tl_values values;     /* default TL_UNIFORM                    */
     double scale;         /* 0: 1/sqrt(D), except TL_PEAKED: 1     */
+    int kv_dtype;         /* k and v's dtype when not q's: SDPA_KV_DTYPE(t); 0: dtype */
 } tl_case;
+
+/* k and v's dtype in a case. */
+static inline sdpa_dtype tl_kv_dtype(const tl_case *c)
+{
+    return c->kv_dtype ? (sdpa_dtype)(c->kv_dtype - 1) : c->dtype;
+}
 
 typedef struct tl_problem {
     tl_case c;

@@ -462,11 +462,30 @@ check(r.returncode == 2 and "cannot create" in r.stderr and "Euler" not in r.std
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--plot", tmp)
 check(r.returncode == 2 and "directory" in r.stderr and "GFLOP" not in r.stdout,
       f"bench --plot a directory fails before the run: {r.stderr!r}")
-mixed = ["--q", save("qh.npy", q.astype(np.float16)), "--k", save("k.npy", k), "--v", save("v.npy", v)]
-r = sdpa("run", *mixed, "--out", path("o.npy"))
-check(r.returncode == 2 and "--dtype" in r.stderr, f"mixed input dtypes refused: {r.stderr!r}")
-r = sdpa("run", *mixed, "--out", path("o.npy"), "--dtype", "f32")
-check(r.returncode == 0, f"mixed input dtypes with --dtype: {r.stderr!r}")
+# k and v of two dtypes are refused; q may differ from them (a mixed call)
+kv_apart = ["--q", save("q.npy", q), "--k", save("kh.npy", k.astype(np.float16)),
+            "--v", save("v.npy", v)]
+r = sdpa("run", *kv_apart, "--out", path("o.npy"))
+check(r.returncode == 2 and "--kv-dtype" in r.stderr, f"k and v of two dtypes refused: {r.stderr!r}")
+r = sdpa("run", *kv_apart, "--out", path("o.npy"), "--dtype", "f32")
+check(r.returncode == 0, f"k and v of two dtypes with --dtype: {r.stderr!r}")
+r = sdpa("run", "--q", path("q.npy"), "--k", path("kh.npy"), "--v", save("vh.npy", v.astype(np.float16)),
+         "--out", path("o_mixed.npy"))
+r2 = sdpa("run", "--q", path("q.npy"), "--k", path("kh.npy"), "--v", path("vh.npy"),
+          "--out", path("o_mixed_ref.npy"), "--backend", "ref")
+check(r.returncode == 0 and "dtype f32 (k, v f16)" in r.stdout and r2.returncode == 0
+      and np.abs(np.load(path("o_mixed.npy")) - np.load(path("o_mixed_ref.npy"))).max() < 2e-5,
+      f"q f32 with k, v f16 files runs mixed and matches ref: {r.stdout!r} {r.stderr!r}")
+r = sdpa("run", *kv_apart, "--out", path("o.npy"), "--kv-dtype", "bf16")
+check(r.returncode == 0 and "dtype f32 (k, v bf16)" in r.stdout, f"--kv-dtype bf16: {r.stdout!r} {r.stderr!r}")
+r = sdpa("run", *kv_apart, "--out", path("o.npy"), "--kv-dtype", "f8")
+check(r.returncode == 2 and "--kv-dtype" in r.stderr, f"--kv-dtype f8 refused: {r.stderr!r}")
+r = sdpa("run", *kv_apart, "--out", path("o.npy"), "--kv-dtype", "f16", "--backend", "cpu.blas")
+check(r.returncode != 0 and "mixed dtypes not supported" in r.stderr,
+      f"cpu.blas refuses a mixed call with its reason: {r.stderr!r}")
+r = sdpa("explain", "--shape", "1,4096,4096,24,24,128", "--kv-dtype", "f16")
+check(r.returncode == 0 and "f32 (k, v f16)" in r.stdout and "cpu.blas" in r.stdout
+      and "mixed dtypes not supported" in r.stdout, f"explain a mixed call: {r.stdout!r}")
 r = sdpa("run", *fresh_inputs(), "--out", path("o.npy"), "--scale", "inf")
 check(r.returncode == 2 and "--scale" in r.stderr, f"--scale inf refused: {r.stderr!r}")
 

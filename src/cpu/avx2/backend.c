@@ -12,7 +12,7 @@ const sdpa_backend sdpa__backend_cpu_avx2 = {
     .name = "cpu.avx2",
     .summary = "tiled flash attention, AVX2+FMA fp32 micro-kernels (4 x 24)",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
+    .caps = {.shares = 1, .mixed_dtypes = 1, .dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,

@@ -11,7 +11,7 @@ const sdpa_backend sdpa__backend_cpu_blas = {
     .name = "cpu.blas",
     .summary = "unfused baseline: OpenBLAS sgemm, softmax, sgemm in 256-row blocks",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1,
+    .caps = {.shares = 1, .dtypes = SDPA_DTYPE_BIT(SDPA_F32), .d_min = 1, .d_max = 4096, .d_multiple = 1,
              .gqa = 1, .cross = 1, .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1,
              .deterministic = 1,
              .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL},

@@ -214,7 +214,7 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     pthread_once(&load_once, load_openblas);
     if (!sgemm)
         return sdpa__fail(SDPA_NOT_AVAILABLE, "%s", load_error);
-    const int threads = sdpa__pool_threads(c->pool);
+    const int threads = sdpa__pool_workers(c->pool); /* workspaces */
     blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
                   (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
     j.mem = sdpa__scratch(sizeof(float) * j.per * (size_t)threads); /* kept between calls */

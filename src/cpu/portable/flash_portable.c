@@ -229,7 +229,7 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
 {
     if (decode_applies(c)) /* few queries per head */
         return decode_run(self, c);
-    const int threads = sdpa__pool_threads(c->pool);
+    const int threads = sdpa__pool_workers(c->pool); /* workspaces */
     const int Dp = round_up((int)c->desc.D, NR);
     /* q, kraw, kt, v, o: Dp x 64 each; s: 64 x 64; m, l: 64 each. */
     const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)c->desc.Skv : 0;
@@ -266,7 +266,7 @@ const sdpa_backend sdpa__backend_cpu_portable = {
     .name = "cpu.portable",
     .summary = "tiled online-softmax attention in portable C11, f32 accumulation",
     .device = SDPA_DEVICE_CPU,
-    .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
+    .caps = {.shares = 1, .mixed_dtypes = 1, .dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1024, .d_multiple = 1, .gqa = 1, .cross = 1,
              .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
