@@ -133,6 +133,19 @@ sdpa_tensor sdpa_tensor_bshd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
 /* Logical [B, S, H, D] stored as contiguous [B, H, S, D] on the CPU. */
 sdpa_tensor sdpa_tensor_bhsd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
                              int64_t H, int64_t D);
+/*
+ * A view described innermost first with byte strides, as ggml describes
+ * its tensors (ne[], nb[]): ne[i] elements along the i-th innermost axis,
+ * nb[i] bytes between neighbours along it (a multiple of the element
+ * size), and `order` naming those axes innermost first, one letter each of
+ * d, s, h, b: ggml's q, k and v for ggml_flash_attn_ext are "dshb" (ne =
+ * {D, S, H, B}), its permuted result "dhsb", and a [B, S, H*D] activation
+ * viewed per head "dhsb" too. Fills *out (a CPU tensor), or
+ * INVALID_ARGUMENT naming the argument; sdpa_forward checks the rest.
+ * include/sdpa_ggml.h uses it for ggml tensors.
+ */
+sdpa_status sdpa_tensor_from_bytes(void *data, sdpa_dtype dtype, const int64_t ne[4],
+                                   const size_t nb[4], const char *order, sdpa_tensor *out);
 
 /*
  * Converts n elements between dtypes (round to nearest even on the way

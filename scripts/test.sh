@@ -3,7 +3,9 @@
 #   build/        optimised, warnings as errors: the whole CTest suite; then
 #                 installed into a temporary prefix, the examples/ built and
 #                 run against it, and the .deb packed, installed and removed
-#                 (scripts/examples.sh); scripts/amx-check.sh --quick
+#                 (scripts/examples.sh); libsdpa as a ggml operator against
+#                 ggml's own flash attention (scripts/ggml-check.sh, ggml
+#                 from PyPI); scripts/amx-check.sh --quick
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
 #                 sparse maps, shares of a call and the caller's parallel-for,
@@ -45,6 +47,10 @@ configure_and_test() { # dir, ctest filter, cmake flags...
 configure_and_test build "" -DCMAKE_BUILD_TYPE=Release
 echo "== install, examples and the .deb"
 scripts/examples.sh build
+# libsdpa as a ggml operator on ggml's threads, ggml from PyPI's
+# stable-diffusion-cpp-python sdist (about a minute to build ggml)
+echo "== scripts/ggml-check.sh (ggml_flash_attn_ext against libsdpa's node)"
+scripts/ggml-check.sh build
 # cpu.amx on real tiles where the CPU has AMX, its tile-less cost elsewhere
 # (one round of the smoke suite: a minute or two)
 echo "== scripts/amx-check.sh --quick"

@@ -11,6 +11,9 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 static inline float sdpa__load_f32(const void *base, sdpa_dtype t, int64_t i)
 {
@@ -41,10 +44,23 @@ static inline void sdpa__load_row(const void *src, sdpa_dtype t, int64_t stride,
             for (int64_t j = 0; j < n; j++)
                 dst[j] = ((const float *)src)[j] * mul;
             return;
-        case SDPA_F16:
-            for (int64_t j = 0; j < n; j++)
+        case SDPA_F16: {
+            int64_t j = 0;
+#ifdef __F16C__
+            /* a kernel's TU (-mf16c): VCVTPH2PS, 8 at a time; the portable
+             * conversion's branches kept f16 K/V packing at a third of
+             * cpu.avx512's time (4608 keys, D 128, Sapphire Rapids) */
+            const __m256 m = _mm256_set1_ps(mul);
+            for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(dst + j,
+                                 _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(
+                                                   (const __m128i *)((const uint16_t *)src + j))),
+                                               m));
+#endif
+            for (; j < n; j++)
                 dst[j] = sdpa__f16_to_f32(((const uint16_t *)src)[j]) * mul;
             return;
+        }
         case SDPA_BF16:
             for (int64_t j = 0; j < n; j++)
                 dst[j] = sdpa__bf16_to_f32(((const uint16_t *)src)[j]) * mul;

@@ -75,6 +75,52 @@ sdpa_tensor sdpa_tensor_bhsd(void *data, sdpa_dtype dtype, int64_t B, int64_t S,
     return make(data, dtype, B, S, H, D, 1);
 }
 
+sdpa_status sdpa_tensor_from_bytes(void *data, sdpa_dtype dtype, const int64_t ne[4],
+                                   const size_t nb[4], const char *order, sdpa_tensor *out)
+{
+    if (!out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a tensor to fill");
+    if (!ne || !nb)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL, expected 4 values",
+                          ne ? "nb" : "ne");
+    const size_t es = sdpa_dtype_size(dtype);
+    if (!es)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "dtype is %d, expected SDPA_F32, SDPA_F16 or "
+                          "SDPA_BF16", (int)dtype);
+    /* order names the axes innermost first, a permutation of d, s, h, b */
+    static const char axes[4] = {'b', 's', 'h', 'd'}; /* sdpa_tensor's positions */
+    int pos[4], seen = 0;
+    for (int i = 0; i < 4; i++) {
+        const char *hit = order && order[i] ? memchr(axes, order[i], 4) : NULL;
+        if (!hit || (seen & (1 << (hit - axes))))
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "order is \"%s\", expected the axes innermost first, each of d, s, "
+                              "h, b once (ggml's q, k, v: \"dshb\"; its attention result: "
+                              "\"dhsb\")",
+                              order ? order : "(null)");
+        pos[i] = (int)(hit - axes), seen |= 1 << pos[i];
+    }
+    if (order[4])
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "order is \"%s\", expected 4 letters", order);
+    sdpa_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data, t.dtype = dtype, t.device.kind = SDPA_DEVICE_CPU;
+    for (int i = 0; i < 4; i++) {
+        if (ne[i] < 1)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "ne[%d] is %lld, expected >= 1", i,
+                              (long long)ne[i]);
+        if (nb[i] % es != 0 || nb[i] > (size_t)INT64_MAX)
+            return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                              "nb[%d] is %zu bytes, expected a multiple of the %zu-byte "
+                              "elements",
+                              i, nb[i], es);
+        t.size[pos[i]] = ne[i];
+        t.stride[pos[i]] = (int64_t)(nb[i] / es);
+    }
+    *out = t;
+    return SDPA_OK;
+}
+
 sdpa_status sdpa_convert(const void *src, sdpa_dtype src_dtype, void *dst, sdpa_dtype dst_dtype,
                          size_t n)
 {

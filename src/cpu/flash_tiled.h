@@ -792,7 +792,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
     job jb = {c,
               flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
-                               is_short ? 64 : 4, is_short ? 2 : 4),
+                               is_short ? 64 : c->k->dtype == SDPA_F32 ? 4 : 8, is_short ? 2 : 4),
               NULL};
     const int qbs_kept = is_short  ? 1
                          : sparse ? (SPARSE_ROWS + BQ - 1) / BQ
