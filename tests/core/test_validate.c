@@ -55,6 +55,60 @@ static void expect_invalid(const char *what, call c, const char *needle, int nul
     sdpa_layer_destroy(layer);
 }
 
+/* sdpa_tensor_from_bytes: ggml's innermost-first ne/nb, any axis order */
+static void test_from_bytes(void)
+{
+    float buf[2 * 5 * 3 * 4];
+    /* ggml's q: ne = {D, S, H, B}, contiguous ("dshb") */
+    const int64_t ne[4] = {4, 5, 3, 2};
+    const size_t nb[4] = {4, 16, 80, 240};
+    sdpa_tensor t;
+    CHECK_STATUS(sdpa_tensor_from_bytes(buf, SDPA_F32, ne, nb, "dshb", &t), SDPA_OK);
+    const sdpa_tensor want = sdpa_tensor_bhsd(buf, SDPA_F32, 2, 5, 3, 4);
+    CHECK(memcmp(t.size, want.size, sizeof t.size) == 0 &&
+              memcmp(t.stride, want.stride, sizeof t.stride) == 0 && t.data == buf,
+          "dshb: sizes %lld %lld %lld %lld strides %lld %lld %lld %lld", (long long)t.size[0],
+          (long long)t.size[1], (long long)t.size[2], (long long)t.size[3],
+          (long long)t.stride[0], (long long)t.stride[1], (long long)t.stride[2],
+          (long long)t.stride[3]);
+    /* ggml's attention result: ne = {D, H, S, B} ("dhsb") is BSHD */
+    const int64_t ne2[4] = {4, 3, 5, 2};
+    const size_t nb2[4] = {4, 16, 48, 240};
+    CHECK_STATUS(sdpa_tensor_from_bytes(buf, SDPA_F32, ne2, nb2, "dhsb", &t), SDPA_OK);
+    const sdpa_tensor want2 = sdpa_tensor_bshd(buf, SDPA_F32, 2, 5, 3, 4);
+    CHECK(memcmp(t.size, want2.size, sizeof t.size) == 0 &&
+              memcmp(t.stride, want2.stride, sizeof t.stride) == 0,
+          "dhsb is not BSHD");
+    /* f16: strides in elements of 2 bytes */
+    const size_t nb3[4] = {2, 8, 40, 120};
+    CHECK_STATUS(sdpa_tensor_from_bytes(buf, SDPA_F16, ne, nb3, "dshb", &t), SDPA_OK);
+    CHECK(t.stride[1] == 4 && t.stride[2] == 20 && t.stride[0] == 60 && t.stride[3] == 1,
+          "f16 strides %lld %lld %lld %lld", (long long)t.stride[0], (long long)t.stride[1],
+          (long long)t.stride[2], (long long)t.stride[3]);
+    static const struct {
+        const char *order;
+        int bad_nb, bad_ne, dtype;
+        const char *words;
+    } bad[] = {{"dsh", 0, 0, 0, "order is \"dsh\""},   {"dshh", 0, 0, 0, "each of d, s, h, b once"},
+               {"dshbx", 0, 0, 0, "expected 4 letters"}, {NULL, 0, 0, 0, "order is \"(null)\""},
+               {"dshb", 1, 0, 0, "nb[1] is 17 bytes"},   {"dshb", 0, 1, 0, "ne[2] is 0"},
+               {"dshb", 0, 0, 7, "dtype is 7"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int64_t e[4] = {4, 5, 3, 2};
+        size_t b[4] = {4, 16, 80, 240};
+        if (bad[i].bad_nb)
+            b[1] = 17;
+        if (bad[i].bad_ne)
+            e[2] = 0;
+        memset(&t, 0x5a, sizeof t);
+        CHECK_STATUS(sdpa_tensor_from_bytes(buf, bad[i].dtype ? (sdpa_dtype)bad[i].dtype : SDPA_F32,
+                                            e, b, bad[i].order, &t),
+                     SDPA_INVALID_ARGUMENT);
+        CHECK(strstr(sdpa_last_error(), bad[i].words), "%s: %s", bad[i].words, sdpa_last_error());
+    }
+    CHECK_STATUS(sdpa_tensor_from_bytes(buf, SDPA_F32, ne, nb, "dshb", NULL), SDPA_INVALID_ARGUMENT);
+}
+
 int main(void)
 {
     tl_seed_from_env();
@@ -133,5 +187,6 @@ int main(void)
     CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_INVALID_ARGUMENT);
     CHECK(strstr(sdpa_last_error(), "desc->B is 0") != NULL, "%s", sdpa_last_error());
     sdpa_context_destroy(ctx);
+    test_from_bytes();
     return tl_finish();
 }
