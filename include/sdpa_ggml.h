@@ -30,7 +30,8 @@
 #include "ggml.h"
 #include "sdpa.h"
 
-#include <stdatomic.h>
+/* C and C++ (stable-diffusion.cpp and llama.cpp are C++): no _Atomic, the
+ * GCC/Clang __atomic builtins on a plain int instead. */
 
 /* ggml's element type as an sdpa_dtype; 0 when libsdpa has no such dtype. */
 static inline int sdpa_ggml_dtype(enum ggml_type type, sdpa_dtype *out)
@@ -62,7 +63,8 @@ typedef struct sdpa_ggml_op {
     sdpa_params params;      /* scale (0: 1/sqrt(D)), causal, mask, backend, ... */
     const char *q_order;     /* NULL: "dshb" */
     const char *kv_order;    /* NULL: "dshb" */
-    _Atomic int status;      /* SDPA_OK, or the first share's failure */
+    int status;              /* SDPA_OK, or the first share's failure (read it
+                              * after the graph computed) */
 } sdpa_ggml_op;
 
 static inline void sdpa_ggml_op_init(sdpa_ggml_op *op, sdpa_context *ctx, float scale)
@@ -70,11 +72,11 @@ static inline void sdpa_ggml_op_init(sdpa_ggml_op *op, sdpa_context *ctx, float 
     const sdpa_params defaults = SDPA_PARAMS_DEFAULT;
     op->ctx = ctx, op->params = defaults, op->params.scale = scale;
     op->q_order = op->kv_order = NULL;
-    atomic_store(&op->status, SDPA_OK);
+    __atomic_store_n(&op->status, (int)SDPA_OK, __ATOMIC_RELAXED);
 }
 
 /* ggml's custom operator: thread ith of nth computes its share. */
-static void sdpa_ggml_attention_op(struct ggml_tensor *dst, int ith, int nth, void *userdata)
+static inline void sdpa_ggml_attention_op(struct ggml_tensor *dst, int ith, int nth, void *userdata)
 {
     sdpa_ggml_op *op = (sdpa_ggml_op *)userdata;
     const char *qo = op->q_order ? op->q_order : "dshb";
@@ -91,7 +93,8 @@ static void sdpa_ggml_attention_op(struct ggml_tensor *dst, int ith, int nth, vo
         st = sdpa_forward_share(op->ctx, ith, nth, &q, &k, &v, &out, NULL, &op->params);
     if (st != SDPA_OK) {
         int ok = SDPA_OK;
-        atomic_compare_exchange_strong(&op->status, &ok, (int)st);
+        __atomic_compare_exchange_n(&op->status, &ok, (int)st, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
     }
 }
 

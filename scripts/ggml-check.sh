@@ -31,6 +31,7 @@ if [ ! -f "$work/ggml/lib/cmake/ggml/ggml-config.cmake" ]; then
 fi
 cmake --install "$build" --prefix "$work/sdpa" >/dev/null
 cmake -S examples/ggml -B "$work/example" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/sdpa;$work/ggml" -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" >/dev/null
+  -DCMAKE_PREFIX_PATH="$work/sdpa;$work/ggml" -DCMAKE_C_FLAGS="-Wall -Wextra -Werror" \
+  -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" >/dev/null
 cmake --build "$work/example" >/dev/null
 "$work/example/ggml_attention" "$@"

@@ -200,6 +200,8 @@ static double ref_diff(const problem *p, const shape *s, const struct ggml_tenso
     return m;
 }
 
+int sdpa_ggml_cxx_status(void); /* cxx_include.cpp: the header compiled as C++ */
+
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -225,6 +227,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "ggml_attention: --threads >= 1, --reps 1..100\n");
         return 2;
     }
+    if (sdpa_ggml_cxx_status() != SDPA_OK)
+        return 1;
     ggml_cpu_init();
     sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
     o.threads = threads; /* for the ceiling probe only: the node runs on ggml's threads */
