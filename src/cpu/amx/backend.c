@@ -34,6 +34,7 @@ const sdpa_backend sdpa__backend_cpu_amx = {
              .causal_bottom_right = 1,
              .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
              .lse = 1, .deterministic = 1,
+             .mixed_dtypes = 1, /* f16 and bf16 apart: each rounded to bf16 as it is packed */
              /* AVX-512 and AVX512-BF16 for the softmax and the rounding of P */
              .cpu_features = SDPA_CPU_AMX_BF16 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16,
              .product_bits = 8},
