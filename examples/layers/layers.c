@@ -50,8 +50,9 @@ int main(void)
     printf("%s inside sdpa_override_push(\"ref\") ran on %s\n", names[0], sdpa_last_backend());
     sdpa_override_pop();
 
-    sdpa_call_desc call = {SDPA_DEVICE_CPU, SDPA_F32, 1, S, S, H, H, D, SDPA_CAUSAL_NONE,
-                           0, 0, NULL, "transformer", NULL, 0, 0};
+    /* designated: sdpa_call_desc grows by addition, unnamed fields are 0 */
+    sdpa_call_desc call = {.device = SDPA_DEVICE_CPU, .dtype = SDPA_F32, .B = 1, .Sq = S,
+                           .Skv = S, .Hq = H, .Hkv = H, .D = D, .component = "transformer"};
     char *why;
     if (sdpa_explain(ctx, &call, 0, &why) != SDPA_OK)
         return fprintf(stderr, "%s\n", sdpa_last_error()), 1;

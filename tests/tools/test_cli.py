@@ -353,16 +353,17 @@ r = sdpa("explain", "--shape", "1,32760,32760,24,24,128", "--sparse", "nbhd=21,3
 ex = json.loads(r.stdout) if r.returncode == 0 else {}
 check(ex.get("call", {}).get("mask") == "blocks" and
       abs(ex.get("sparse", {}).get("density", 0) - 0.098) < 0.01 and
-      "blocks mask not supported" in ex.get("rejected", {}).get("cpu.portable", ""),
+      "blocks mask not supported" in ex.get("rejected", {}).get("cpu.blas", ""),
       f"explain --sparse: the map's kind, density, and who does not take it: {r.stdout[:400]!r}")
 with open(path("sparse.tsv"), "w") as f:
     f.write("# name\tB\tSq\tSkv\tHq\tHkv\tD\tcausal\n"
             "tiny-sta\t1\t512\t512\t1\t1\t64\t0\tsparse=sta=2,16,16:1,8,8:1,1,3\n")
-r = sdpa("bench", "--suite", path("sparse.tsv"), "--backends", "cpu.portable,ref", "--reps", "1",
-         "--json")
+r = sdpa("bench", "--suite", path("sparse.tsv"), "--backends", "cpu.portable,cpu.blas,ref",
+         "--reps", "1", "--json")
 rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-check(r.returncode == 0 and any(x.get("backend") == "ref" and x.get("density", 0) > 0 and
-                                x.get("speedup_vs_dense", 0) > 0 for x in rows) and
+check(r.returncode == 0 and all(any(x.get("backend") == b and x.get("density", 0) > 0 and
+                                    x.get("speedup_vs_dense", 0) > 0 for x in rows)
+                                for b in ("ref", "cpu.portable")) and
       "blocks mask not supported" in r.stdout,
       f"bench on a sparse row: density, the speed-up over the dense call, refusals: "
       f"{r.stdout[-600:]!r} {r.stderr!r}")

@@ -26,6 +26,7 @@
  */
 #include "../../core/convert.h"
 #include "../../core/backend.h"
+#include "../../core/sparse.h"
 #include "../exp_portable.h"
 #include "../flash_tasks.h"
 #include "../mask_row.h"
@@ -162,6 +163,59 @@ static void softmax_tile(const workspace *w, int Dp, int rows, int bk, int64_t l
     }
 }
 
+/*
+ * A window or a block map (sdpa.h) on the S tile of rows i0 .. i0 + rows
+ * and keys j0 .. j0 + bk (kidx: under a key mask, the tile's keys):
+ * hidden scores become -inf. Without a key mask a tile lies in one map
+ * block both ways (64-row, 64-key tiles; map blocks of 64 or 128 start
+ * on multiples of 64), so the map's entry is looked up once per tile: a
+ * FULL block costs nothing more, a PARTIAL one its bits (or nothing: the
+ * call's causal and window decide inside). Under a key mask the tile's
+ * keys may span blocks: looked up per score.
+ */
+static void sparse_mask_tile(const sdpa_call *c, const workspace *w, int64_t b, int64_t h,
+                             int64_t i0, int rows, const int64_t *kidx, int64_t j0, int bk)
+{
+    const sdpa_mask *mk = c->mask;
+    if (mk->window) {
+        int64_t len_q, len_kv;
+        sdpa__seq_lens(c, b, &len_q, &len_kv);
+        for (int r = 0; r < rows; r++) {
+            int64_t lo, hi;
+            sdpa__window_keys(mk->window, i0 + r, len_kv - len_q, &lo, &hi);
+            float *srow = w->s + (size_t)r * BK;
+            for (int jj = 0; jj < bk; jj++) {
+                const int64_t j = kidx ? kidx[jj] : j0 + jj;
+                if (j < lo || j > hi)
+                    srow[jj] = -INFINITY;
+            }
+        }
+    }
+    const sdpa_block_map *m = mk->blocks;
+    if (!m)
+        return;
+    if (kidx) {
+        for (int r = 0; r < rows; r++)
+            for (int jj = 0; jj < bk; jj++)
+                if (!sdpa__map_visible(m, b, h, i0 + r, kidx[jj]))
+                    w->s[(size_t)r * BK + jj] = -INFINITY;
+        return;
+    }
+    const int64_t row = sdpa__map_row(m, b, h, i0 / m->block_q), kb = j0 / m->block_kv;
+    if (m->full_count &&
+        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
+        return;
+    const int64_t n = m->partial_count ? sdpa__map_find(m->partial_index + row * m->index_stride,
+                                                        m->partial_count[row], kb)
+                                       : -1;
+    for (int r = 0; r < rows; r++) {
+        float *srow = w->s + (size_t)r * BK;
+        for (int jj = 0; jj < bk; jj++)
+            if (n < 0 || !sdpa__map_bit(m, row, n, (i0 + r) % m->block_q, (j0 + jj) % m->block_kv))
+                srow[jj] = -INFINITY;
+    }
+}
+
 static void portable_task(void *arg, int64_t task, int worker)
 {
     const flash_job *job = arg;
@@ -205,11 +259,18 @@ static void portable_task(void *arg, int64_t task, int worker)
             if (key[j * c->mask->key_stride[1]])
                 w->keys[nk++] = j;
     }
+    const int sparse = c->mask && (c->mask->window || c->mask->blocks);
     for (int64_t j0 = 0; j0 < nk; j0 += BK) { /* j0: position in the keys read */
         const int bk = (int)(nk - j0 < BK ? nk - j0 : BK);
+        /* a tile the window and the map hide wholly is never loaded */
+        if (sparse && !sdpa__sparse_tile_sees(c, b, h, i0, i0 + at.rows_real, flash_key(keys, j0),
+                                              flash_key(keys, j0 + bk - 1)))
+            continue;
         load_kv(c, w, Dp, b, hk, keys, j0, bk);
         memset(w->s, 0, sizeof(float) * (size_t)rows_p * BK);
         gemm_acc(rows_p, round_up(bk, NR), (int)d->D, w->q, Dp, w->kt, BK, w->s, BK);
+        if (sparse)
+            sparse_mask_tile(c, w, b, h, i0, rows, keys ? keys + j0 : NULL, j0, bk);
         /* Row i sees keys j <= i0 + i + offset, i.e. the first
          * (i0 + i + offset + 1 - j0) of this tile; without a mask, all.
          * Under a key mask softmax_tile counts them in keys[]. */
@@ -269,7 +330,8 @@ const sdpa_backend sdpa__backend_cpu_portable = {
     .caps = {.shares = 1, .mixed_dtypes = 1, .dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
                        SDPA_DTYPE_BIT(SDPA_BF16),
              .d_min = 1, .d_max = 1024, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
+                      SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS,
              .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
              .backward = 1},
     .fallback_rank = 10,
