@@ -24,10 +24,15 @@ if [ ! -f "$work/ggml/lib/cmake/ggml/ggml-config.cmake" ]; then
       -d "$work" "stable-diffusion-cpp-python==$version"
     tar -xzf "$work/stable_diffusion_cpp_python-$version.tar.gz" -C "$work"
   fi
-  cmake -S "$src" -B "$work/ggml-build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$work/ggml-build" -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
-  cmake --install "$work/ggml-build" --prefix "$work/ggml" >/dev/null
+  # ggml's own warnings (tens of thousands of lines) go to a log, shown on failure
+  if ! { cmake -S "$src" -B "$work/ggml-build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+           -DGGML_NATIVE=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF &&
+         cmake --build "$work/ggml-build" -j"$(nproc 2>/dev/null || echo 2)" &&
+         cmake --install "$work/ggml-build" --prefix "$work/ggml"; } >"$work/ggml-build.log" 2>&1; then
+    tail -40 "$work/ggml-build.log"
+    echo "ggml-check: ggml did not build (the whole log: $work/ggml-build.log)"
+    exit 1
+  fi
 fi
 cmake --install "$build" --prefix "$work/sdpa" >/dev/null
 cmake -S examples/ggml -B "$work/example" -DCMAKE_BUILD_TYPE=Release \
