@@ -176,7 +176,9 @@ void sdpa__parallel_for(sdpa_pool *pool, int64_t n_tasks, sdpa_task_fn fn, void 
  * thread (returns 0 when there is no room: the kernel must then drop its
  * state itself after each task); registering one again is a no-op. A
  * thread that is not a pool worker (the caller of a call) never goes idle
- * here: the kernel drops its state itself at the end of the call.
+ * here: the kernel drops its state itself at the end of the call. A thread
+ * of the caller's parallel-for (a host pool) gets 0: the kernel drops its
+ * state after each task there.
  */
 int sdpa__thread_on_idle(void (*fn)(void));
 

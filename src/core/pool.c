@@ -118,14 +118,16 @@ static int spin(const sdpa_pool *p, int (*ready)(const sdpa_pool *, uint64_t), u
     }
 }
 
-static _Thread_local int is_pool_worker; /* a thread this file started */
+/* Set while this thread runs a task handed to the caller's parallel-for
+ * (a host pool): such a thread is the host's and never idles here. */
+static _Thread_local int in_host_task;
 
 #define IDLE_HOOKS 4
 static _Thread_local void (*idle_hooks[IDLE_HOOKS])(void);
 
 int sdpa__thread_on_idle(void (*fn)(void))
 {
-    if (!is_pool_worker) /* the caller, or a host pool's thread: never idles here */
+    if (in_host_task) /* the kernel drops its state after each task instead */
         return 0;
     for (int i = 0; i < IDLE_HOOKS; i++) {
         if (idle_hooks[i] == fn)
@@ -152,7 +154,6 @@ static void *worker_main(void *raw)
 {
     worker_arg wa = *(worker_arg *)raw;
     free(raw);
-    is_pool_worker = 1;
     sdpa_pool *p = wa.pool;
     uint64_t seen = 0;
     for (;;) {
@@ -249,6 +250,19 @@ sdpa_status sdpa__pool_create_host(int threads, sdpa_parallel_for_fn fn, void *u
     return SDPA_OK;
 }
 
+typedef struct host_task {
+    sdpa_task_fn fn;
+    void *arg;
+} host_task;
+
+static void host_trampoline(void *raw, int64_t task, int worker)
+{
+    const host_task *h = raw;
+    in_host_task = 1;
+    h->fn(h->arg, task, worker);
+    in_host_task = 0;
+}
+
 /* One per thread: a share call neither allocates nor locks for its pool. */
 static _Thread_local sdpa_pool share_pool;
 
@@ -278,8 +292,9 @@ void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *ar
         return;
     }
     if (p && p->host_for && n_tasks > 1) {
+        host_task h = {fn, arg};
         pthread_mutex_lock(&p->submit); /* regions take turns, as on a pool of ours */
-        p->host_for(p->host_user, n_tasks, fn, arg);
+        p->host_for(p->host_user, n_tasks, host_trampoline, &h);
         pthread_mutex_unlock(&p->submit);
         return;
     }

@@ -116,7 +116,7 @@ static sdpa_status run_candidates(sdpa_context *ctx, sdpa_layer *layer, const ch
              : !warmup ? be->run(be, call)
              : be->prepare ? be->prepare(be, call)
                            : SDPA_OK;
-        if (st == SDPA_OK && guarded && strcmp(be->name, "ref") != 0 &&
+        if (st == SDPA_OK && guarded && be != &sdpa__backend_ref &&
             sdpa__guard_output_bad(call) && sdpa__guard_inputs_finite(call)) {
             guard_event(ctx, layer, layer_name, call, be->name, b);
             kept = be->name; /* what the output holds if no later candidate runs */
