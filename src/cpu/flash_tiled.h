@@ -791,8 +791,9 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const int is_short = !sparse && short_keys(d);
     const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
     /* K/V that must be converted (f16, bf16) are shared by up to 8 query
-     * blocks, f32 by 4: converting per task cost f16 calls 61% -> 67-78%
-     * of the ceiling at 4 (4608 tokens, D 128, the Sapphire Rapids VM) */
+     * blocks, f32 by 4: each task converts its own, and an f16 call ran at
+     * 61% of the ceiling with 4, 67-78% with 8 (4608 tokens, D 128, the
+     * Sapphire Rapids VM, noisy) */
     job jb = {c,
               flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
                                is_short ? 64 : c->k->dtype == SDPA_F32 ? 4 : 8, is_short ? 2 : 4),
