@@ -34,6 +34,21 @@
  *   library unless a function says to release them with sdpa_free().
  * - Contexts and layers are thread-safe: any number of threads may call
  *   sdpa_forward / sdpa_layer_forward on one context or one layer at once.
+ *
+ * Growing by addition (0.2.0 on)
+ * - The structs callers fill (sdpa_params, sdpa_mask, sdpa_context_options,
+ *   sdpa_layer_desc, sdpa_call_desc, sdpa_tune_options) start with
+ *   `size_t size`: the sizeof the caller compiled against. Start from the
+ *   struct's _DEFAULT macro, which sets it, then set fields by name. A
+ *   release adds fields only at the end, and a field's zero means "as
+ *   before it existed", so a program built against an older header runs
+ *   unchanged: the library reads its struct as far as its size says.
+ *   size 0 (a struct cleared with memset or a designated initialiser
+ *   without .size) reads as the 0.2.0 layout; a size beyond the library's
+ *   own (a program built against a newer libsdpa) is INVALID_ARGUMENT.
+ * - The structs libsdpa fills (sdpa_platform, sdpa_decision,
+ *   sdpa_backend_info, sdpa_tensor by value) grow only when the SONAME
+ *   moves (README: Compatibility).
  */
 #ifndef SDPA_H
 #define SDPA_H
@@ -52,9 +67,9 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_MINOR 2
 #define SDPA_VERSION_PATCH 0
-#define SDPA_VERSION_STRING "0.1.0"
+#define SDPA_VERSION_STRING "0.2.0"
 
 const char *sdpa_version(void);
 
@@ -254,6 +269,8 @@ typedef struct sdpa_block_map {
 } sdpa_block_map;
 
 typedef struct sdpa_mask {
+    size_t size; /* sizeof(sdpa_mask) as the caller compiled it: the _DEFAULT macro
+                  * sets it; 0 reads as the 0.2.0 layout (sdpa.h: growth) */
     const int32_t *seq_len_q;
     const int32_t *seq_len_kv;
     const uint8_t *key;
@@ -264,10 +281,14 @@ typedef struct sdpa_mask {
     int64_t general_stride[4]; /* b, h, i, j */
     const sdpa_window *window;    /* or NULL: no window (added in 0.2) */
     const sdpa_block_map *blocks; /* or NULL: dense (added in 0.2)     */
+#ifdef SDPA_ABI_GROWTH_TEST /* scripts/abi-check.sh: a field added after 0.2.0 */
+    int64_t abi_growth_test; /* 8-aligned: it starts after 0.2.0's sizeof, padding and all */
+#endif
 } sdpa_mask;
 
-#define SDPA_MASK_DEFAULT \
-    {NULL, NULL, NULL, {0, 0}, NULL, SDPA_MASK_BOOL, SDPA_F32, {0, 0, 0, 0}, NULL, NULL}
+#define SDPA_MASK_DEFAULT                                                                   \
+    {sizeof(sdpa_mask), NULL, NULL, NULL, {0, 0}, NULL, SDPA_MASK_BOOL, SDPA_F32, {0, 0, 0, 0}, \
+     NULL, NULL}
 
 /* Mask kinds, as calls, rules and backends name them (bit mask). */
 enum {
@@ -339,6 +360,8 @@ double sdpa_block_map_density(const sdpa_block_map *map, int64_t Sq, int64_t Skv
  *   mask           padding, key and general masks (sdpa_mask), or NULL.
  */
 typedef struct sdpa_params {
+    size_t size; /* sizeof(sdpa_params) as the caller compiled it: the _DEFAULT macro
+                  * sets it; 0 reads as the 0.2.0 layout (sdpa.h: growth) */
     double scale;
     sdpa_causal causal;
     int deterministic;
@@ -348,9 +371,13 @@ typedef struct sdpa_params {
     const char *quant;
     void *stream;
     const sdpa_mask *mask;
+#ifdef SDPA_ABI_GROWTH_TEST /* scripts/abi-check.sh: a field added after 0.2.0 */
+    int64_t abi_growth_test; /* 8-aligned: it starts after 0.2.0's sizeof, padding and all */
+#endif
 } sdpa_params;
 
-#define SDPA_PARAMS_DEFAULT {0.0, SDPA_CAUSAL_NONE, 0, NULL, NULL, NULL, NULL, NULL, NULL}
+#define SDPA_PARAMS_DEFAULT \
+    {sizeof(sdpa_params), 0.0, SDPA_CAUSAL_NONE, 0, NULL, NULL, NULL, NULL, NULL, NULL}
 
 /* ---------------------------------------------------------------- platform */
 
@@ -392,6 +419,9 @@ typedef struct sdpa_platform {
                                     * known: a described CPU that did not say) */
     int cpu_family;                /* x86 CPUID display family (6: Intel cores,
                                     * 25: Zen 3/4, 26: Zen 5), 0 if not known */
+    /* Added in 0.2.0. */
+    char cpu_arch[16];             /* "x86_64", "aarch64": this build's, or the
+                                    * one a described CPU's features belong to */
 } sdpa_platform;
 
 /*
@@ -481,6 +511,8 @@ typedef void (*sdpa_parallel_for_fn)(void *user, int64_t n_tasks, sdpa_task_body
  * bad SDPA_LOG fails context creation with INVALID_ARGUMENT.
  */
 typedef struct sdpa_context_options {
+    size_t size; /* sizeof(sdpa_context_options) as the caller compiled it: the _DEFAULT macro
+                  * sets it; 0 reads as the 0.2.0 layout (sdpa.h: growth) */
     const sdpa_platform *platform;
     sdpa_log_fn log;
     void *log_user;
@@ -492,9 +524,13 @@ typedef struct sdpa_context_options {
     int share_pool;
     sdpa_parallel_for_fn parallel_for;
     void *parallel_for_user;
+#ifdef SDPA_ABI_GROWTH_TEST /* scripts/abi-check.sh: a field added after 0.2.0 */
+    int64_t abi_growth_test; /* 8-aligned: it starts after 0.2.0's sizeof, padding and all */
+#endif
 } sdpa_context_options;
 
-#define SDPA_CONTEXT_OPTIONS_DEFAULT {NULL, NULL, NULL, -1, 0, NULL, 0, 0, 0, NULL, NULL}
+#define SDPA_CONTEXT_OPTIONS_DEFAULT \
+    {sizeof(sdpa_context_options), NULL, NULL, NULL, -1, 0, NULL, 0, 0, 0, NULL, NULL}
 
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out);
 void sdpa_context_destroy(sdpa_context *ctx);
@@ -742,13 +778,18 @@ typedef struct sdpa_layer sdpa_layer;
  * replaced: their UNSUPPORTED is returned.
  */
 typedef struct sdpa_layer_desc {
+    size_t size; /* sizeof(sdpa_layer_desc) as the caller compiled it: the _DEFAULT macro
+                  * sets it; 0 reads as the 0.2.0 layout (sdpa.h: growth) */
     const char *name;      /* "blocks.3.attn1"; for messages               */
     const char *component; /* "transformer", "text_encoder", ...            */
     const char *backend;   /* explicit backend for this layer, or NULL      */
     const char *quant;     /* model quantisation format, or NULL            */
+#ifdef SDPA_ABI_GROWTH_TEST /* scripts/abi-check.sh: a field added after 0.2.0 */
+    int64_t abi_growth_test; /* 8-aligned: it starts after 0.2.0's sizeof, padding and all */
+#endif
 } sdpa_layer_desc;
 
-#define SDPA_LAYER_DESC_DEFAULT {NULL, NULL, NULL, NULL}
+#define SDPA_LAYER_DESC_DEFAULT {sizeof(sdpa_layer_desc), NULL, NULL, NULL, NULL}
 
 sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc,
                               sdpa_layer **out);
@@ -799,6 +840,8 @@ sdpa_status sdpa_layer_set_finite_guard(sdpa_layer *layer, int on);
 
 /* A call described without data: what explain and the tuner reason about. */
 typedef struct sdpa_call_desc {
+    size_t size; /* sizeof(sdpa_call_desc) as the caller compiled it: the _DEFAULT macro
+                  * sets it; 0 reads as the 0.2.0 layout (sdpa.h: growth) */
     sdpa_device_kind device;
     sdpa_dtype dtype;
     int64_t B, Sq, Skv, Hq, Hkv, D;
@@ -814,7 +857,15 @@ typedef struct sdpa_call_desc {
                             * SDPA_KV_DTYPE(SDPA_F16); 0: the same as q's */
     int shares;            /* > 0: a share of a call cut into this many
                             * (sdpa_forward_share); 0: a whole call */
+#ifdef SDPA_ABI_GROWTH_TEST /* scripts/abi-check.sh: a field added after 0.2.0 */
+    int64_t abi_growth_test; /* 8-aligned: it starts after 0.2.0's sizeof, padding and all */
+#endif
 } sdpa_call_desc;
+
+/* Start from this and set the fields the call has (f32, no mask: zeros). */
+#define SDPA_CALL_DESC_DEFAULT                                                              \
+    {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 0, 0, 0, 0, 0, 0, SDPA_CAUSAL_NONE, 0, \
+     0, NULL, NULL, NULL, 0, 0, 0, 0}
 
 /* sdpa_call_desc.kv_dtype for k and v of dtype t (0 stays "as q", so
  * descriptions written before the field existed mean what they meant). */
@@ -995,6 +1046,8 @@ typedef struct sdpa_tune_row {
 } sdpa_tune_row;
 
 typedef struct sdpa_tune_options {
+    size_t size; /* sizeof(sdpa_tune_options) as the caller compiled it: the _DEFAULT macro
+                  * sets it; 0 reads as the 0.2.0 layout (sdpa.h: growth) */
     const char *const *backends; /* candidates to time; NULL: every present one but ref */
     int n_backends;
     int reps;                    /* interleaved rounds; 0: 7 */
@@ -1004,9 +1057,13 @@ typedef struct sdpa_tune_options {
     void (*progress)(int row, int n_rows, void *user); /* NULL: silent */
     void *progress_user;
     int max_extra;               /* shapes measured per class boundary; 0: 2, -1: none */
+#ifdef SDPA_ABI_GROWTH_TEST /* scripts/abi-check.sh: a field added after 0.2.0 */
+    int64_t abi_growth_test; /* 8-aligned: it starts after 0.2.0's sizeof, padding and all */
+#endif
 } sdpa_tune_options;
 
-#define SDPA_TUNE_OPTIONS_DEFAULT {NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, 0}
+#define SDPA_TUNE_OPTIONS_DEFAULT \
+    {sizeof(sdpa_tune_options), NULL, 0, 0, 0.0, NULL, NULL, NULL, NULL, 0}
 
 /* Writes the rule file text to *rules_text (release with sdpa_free). */
 sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
@@ -1018,10 +1075,14 @@ sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
  * Measures an arithmetic ceiling of this machine with a short probe
  * (~0.2 s) over the context's threads, in GFLOP/s: what = "fp32" is the FMA
  * peak of the best usable vector ISA (12 register-only FMA chains per
- * thread); "avx512-bf16" the VDPBF16PS peak (12 chains per thread) and
- * "amx-bf16" the TDPBF16PS peak (4 accumulator tiles per thread), each
- * NOT_AVAILABLE where the CPU cannot run it. *isa, if not NULL, names the ISA probed. Benchmarks print their
- * figures as a percentage of this, measured in the same run.
+ * thread, by the backend of the newest ISA present); a CPU feature's name
+ * (as `sdpa info` lists them) the peak of that unit where a backend
+ * declares a probe for it: "avx512bf16" the VDPBF16PS peak (12 chains per
+ * thread; "avx512-bf16" is still accepted), "amx-bf16" the TDPBF16PS peak
+ * (4 accumulator tiles per thread); NOT_AVAILABLE where the CPU cannot run
+ * it. *isa, if not NULL, names the feature probed ("avx512", "neon", ...).
+ * Benchmarks print their figures as a percentage of this, measured in the
+ * same run.
  */
 sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gflops,
                                  const char **isa);

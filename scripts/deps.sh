@@ -2,8 +2,9 @@
 # deps.sh - installs what building and testing libsdpa needs, only where it
 # is missing: a C compiler, CMake, Python 3 with NumPy (for the CLI tests),
 # OpenBLAS (the cpu.blas baseline), libpng (`sdpa dit` images), clang with
-# libFuzzer (the fuzz targets), Open MPI (libsdpa_mpi) and oneDNN (a peer in
-# bench/peers); libsdpa builds
+# libFuzzer (the fuzz targets), Open MPI (libsdpa_mpi), oneDNN (a peer in
+# bench/peers), and an AArch64 cross-compiler with qemu user-mode emulation
+# (cpu.neon's tests, scripts/neon-check.sh); libsdpa builds
 # without those, leaving out what needs them.
 set -euo pipefail
 missing=()
@@ -12,7 +13,8 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v make >/dev/null || missing+=(make)
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
 command -v clang >/dev/null || missing+=(clang)
-for pkg in libopenblas-dev libpng-dev libclang-rt-dev openmpi-bin libopenmpi-dev libdnnl-dev; do
+for pkg in libopenblas-dev libpng-dev libclang-rt-dev openmpi-bin libopenmpi-dev libdnnl-dev \
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static; do
   if command -v dpkg >/dev/null && ! dpkg -s "$pkg" >/dev/null 2>&1; then
     missing+=("$pkg")
   fi

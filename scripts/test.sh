@@ -3,9 +3,13 @@
 #   build/        optimised, warnings as errors: the whole CTest suite; then
 #                 installed into a temporary prefix, the examples/ built and
 #                 run against it, and the .deb packed, installed and removed
-#                 (scripts/examples.sh); libsdpa as a ggml operator against
+#                 (scripts/examples.sh); the examples built against the 0.2.0
+#                 header on this library and on one whose structs grew
+#                 (scripts/abi-check.sh); libsdpa as a ggml operator against
 #                 ggml's own flash attention (scripts/ggml-check.sh, ggml
 #                 from PyPI); scripts/amx-check.sh --quick
+#   build-aarch64/ cross-built for AArch64, cpu.neon and the dispatcher's
+#                 tests under qemu user-mode emulation (scripts/neon-check.sh)
 #   build-asan/   AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite
 #   build-tsan/   ThreadSanitizer: the threading tests (dispatch, grid, masks,
 #                 sparse maps, shares of a call and the caller's parallel-for,
@@ -47,6 +51,10 @@ configure_and_test() { # dir, ctest filter, cmake flags...
 configure_and_test build "" -DCMAKE_BUILD_TYPE=Release
 echo "== install, examples and the .deb"
 scripts/examples.sh build
+# programs built against the 0.2.0 header, on this library and on one whose
+# structs grew (README: Compatibility)
+echo "== scripts/abi-check.sh"
+scripts/abi-check.sh build
 # libsdpa as a ggml operator on ggml's threads, ggml from PyPI's
 # stable-diffusion-cpp-python sdist (about a minute to build ggml)
 echo "== scripts/ggml-check.sh (ggml_flash_attn_ext against libsdpa's node)"
@@ -55,6 +63,8 @@ scripts/ggml-check.sh build
 # (one round of the smoke suite: a minute or two)
 echo "== scripts/amx-check.sh --quick"
 scripts/amx-check.sh --quick | tail -12
+echo "== scripts/neon-check.sh (AArch64 under qemu)"
+scripts/neon-check.sh build-aarch64
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:protect_shadow_gap=0 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=address,undefined

@@ -219,7 +219,7 @@ int cmd_bench(int argc, char **argv)
     double amx_ceiling = 0, dpbf16_ceiling = 0;
     if (sdpa_measure_ceiling(ctx, "amx-bf16", &amx_ceiling, NULL) != SDPA_OK)
         amx_ceiling = 0;
-    if (sdpa_measure_ceiling(ctx, "avx512-bf16", &dpbf16_ceiling, NULL) != SDPA_OK)
+    if (sdpa_measure_ceiling(ctx, "avx512bf16", &dpbf16_ceiling, NULL) != SDPA_OK)
         dpbf16_ceiling = 0;
     double bceil[MAX_BENCH_BACKENDS];
     for (int b = 0; b < nb; b++) {

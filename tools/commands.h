@@ -1,5 +1,5 @@
 /*
- * commands.h - the `sdpa` subcommands, one file each; sdpa.c's command
+ * commands.h - the `sdpa` subcommands, one file each; main.c's command
  * table is their only caller. argv starts after the command's name.
  * Each returns the exit code: 0, 1 when the library refused or failed, 2
  * for bad usage.

@@ -422,7 +422,7 @@ char *peers_info_json(int threads)
 
 void peers_free(void *p) { sdpa_free(p); }
 
-/* GFLOP/s of libsdpa's ceiling probe ("fp32" or "avx512-bf16"), -1 if
+/* GFLOP/s of libsdpa's ceiling probe ("fp32" or "avx512bf16"), -1 if
  * this CPU has none. */
 double peers_ceiling(const char *what, int threads)
 {

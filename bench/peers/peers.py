@@ -266,7 +266,7 @@ def main(argv=None):
     tdtype = torch.bfloat16 if bf16 else torch.float32
     info = peers.info(T)
     ceil = max(L.peers_ceiling(b"fp32", T) for _ in range(3))
-    bf16_ceil = max(L.peers_ceiling(b"avx512-bf16", T) for _ in range(3))
+    bf16_ceil = max(L.peers_ceiling(b"avx512bf16", T) for _ in range(3))
     amx_ceil = max(L.peers_ceiling(b"amx-bf16", T) for _ in range(3))
     backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
                 and a.dtype in b["dtypes"] and b["name"] not in ("ref", "cpu.portable")
@@ -276,11 +276,11 @@ def main(argv=None):
     # fp32 FMA for the rest. torch's and oneDNN's bf16 paths take AMX where
     # the CPU has it (oneDNN brgemm), else VDPBF16PS where it has that.
     unit = {b["name"]: ("amx-bf16" if "amx-bf16" in b.get("cpu_features", [])
-                        else "avx512-bf16" if b["product_bits"] == 8 else "fp32")
+                        else "avx512bf16" if b["product_bits"] == 8 else "fp32")
             for b in backends}
-    peer_bf16_unit = ("amx-bf16" if amx_ceil > 0 else "avx512-bf16" if bf16_ceil > 0
+    peer_bf16_unit = ("amx-bf16" if amx_ceil > 0 else "avx512bf16" if bf16_ceil > 0
                       else "fp32")
-    ceilings = {"fp32": ceil, "avx512-bf16": bf16_ceil, "amx-bf16": amx_ceil}
+    ceilings = {"fp32": ceil, "avx512bf16": bf16_ceil, "amx-bf16": amx_ceil}
     print(f"# bench/peers/peers.py --suite {pathlib.Path(a.suite).name} --dtype {a.dtype} "
           f"--reps {a.reps} --max-gflop {a.max_gflop:g}{' --backward' if a.backward else ''}, "
           f"{datetime.date.today()}")
@@ -292,7 +292,7 @@ def main(argv=None):
           + (f"{amx_ceil:.0f} GFLOP/s" if amx_ceil > 0 else "none")
           + " (libsdpa probes, best of 3, this run); %peak of cpu.amx is of TDPBF16PS, of the "
           "other bf16-product backends of VDPBF16PS, of the bf16 peers of "
-          + {"amx-bf16": "TDPBF16PS", "avx512-bf16": "VDPBF16PS", "fp32": "fp32 FMA"}[
+          + {"amx-bf16": "TDPBF16PS", "avx512bf16": "VDPBF16PS", "fp32": "fp32 FMA"}[
               peer_bf16_unit] + ", of the rest fp32 FMA")
     print("# heads cut to keep a call <= %g GFLOP (Hq/Hkv kept); padded rows run unpadded; "
           "torch timed from Python, the rest in C" % a.max_gflop)

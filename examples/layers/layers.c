@@ -50,8 +50,10 @@ int main(void)
     printf("%s inside sdpa_override_push(\"ref\") ran on %s\n", names[0], sdpa_last_backend());
     sdpa_override_pop();
 
-    /* designated: sdpa_call_desc grows by addition, unnamed fields are 0 */
-    sdpa_call_desc call = {.device = SDPA_DEVICE_CPU, .dtype = SDPA_F32, .B = 1, .Sq = S,
+    /* designated, with .size (what the library reads it as): sdpa_call_desc grows
+     * by addition, unnamed fields are 0 */
+    sdpa_call_desc call = {.size = sizeof(sdpa_call_desc),
+                           .device = SDPA_DEVICE_CPU, .dtype = SDPA_F32, .B = 1, .Sq = S,
                            .Skv = S, .Hq = H, .Hkv = H, .D = D, .component = "transformer"};
     char *why;
     if (sdpa_explain(ctx, &call, 0, &why) != SDPA_OK)

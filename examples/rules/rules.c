@@ -18,8 +18,10 @@ int main(int argc, char **argv)
     int ok = 1;
     const int64_t skv[2] = {77, 4096};
     for (int i = 0; i < 2; i++) {
-        /* designated: sdpa_call_desc grows by addition, unnamed fields are 0 */
-        sdpa_call_desc call = {.device = SDPA_DEVICE_CPU, .dtype = SDPA_F32, .B = 2, .Sq = 4096,
+        /* designated, with .size (what the library reads it as): sdpa_call_desc
+         * grows by addition, unnamed fields are 0 */
+        sdpa_call_desc call = {.size = sizeof(sdpa_call_desc),
+                               .device = SDPA_DEVICE_CPU, .dtype = SDPA_F32, .B = 2, .Sq = 4096,
                                .Skv = skv[i], .Hq = 10, .Hkv = 10, .D = 64};
         sdpa_decision dec;
         if (sdpa_decide(ctx, &call, &dec) != SDPA_OK || dec.n_candidates == 0)

@@ -726,7 +726,7 @@ def set_component_backend(component, backend):
 
 def measure_ceiling(what="fp32"):
     """This machine's arithmetic ceiling in GFLOP/s over the context's threads
-    ("fp32" FMA peak, "avx512-bf16", "amx-bf16"), measured now (~0.2 s), and
+    ("fp32" FMA peak, "avx512bf16", "amx-bf16"), measured now (~0.2 s), and
     the ISA probed; NotAvailableError where the CPU cannot run it."""
     g, isa = ctypes.c_double(), ctypes.c_char_p()
     C.check(C.lib.sdpa_measure_ceiling(_context().handle, C.cstr(what), ctypes.byref(g),

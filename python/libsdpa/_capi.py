@@ -89,36 +89,47 @@ class Neighborhood3d(ctypes.Structure):
                 ("causal_time", ctypes.c_int)]
 
 
-class Mask(ctypes.Structure):
-    _fields_ = [("seq_len_q", _p), ("seq_len_kv", _p), ("key", _p),
+class _Grows(ctypes.Structure):
+    """A struct that grows by addition (sdpa.h): its first member, size, is
+    set to the sizeof this package mirrors, as sdpa.h's _DEFAULT macros do;
+    positional arguments fill the fields after it."""
+
+    def __init__(self, *args, **kw):
+        kw.update(zip([f[0] for f in self._fields_[1:]], args))
+        super().__init__(**kw)
+        self.size = ctypes.sizeof(self)
+
+
+class Mask(_Grows):
+    _fields_ = [("size", ctypes.c_size_t), ("seq_len_q", _p), ("seq_len_kv", _p), ("key", _p),
                 ("key_stride", ctypes.c_int64 * 2), ("general", _p),
                 ("general_type", ctypes.c_int), ("general_dtype", ctypes.c_int),
                 ("general_stride", _i64x4), ("window", ctypes.POINTER(Window)),
                 ("blocks", ctypes.POINTER(BlockMap))]
 
 
-class Params(ctypes.Structure):
-    _fields_ = [("scale", ctypes.c_double), ("causal", ctypes.c_int),
+class Params(_Grows):
+    _fields_ = [("size", ctypes.c_size_t), ("scale", ctypes.c_double), ("causal", ctypes.c_int),
                 ("deterministic", ctypes.c_int), ("backend", _s), ("layer_name", _s),
                 ("component", _s), ("quant", _s), ("stream", _p), ("mask", ctypes.POINTER(Mask))]
 
 
-class CallDesc(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_int), ("dtype", ctypes.c_int),
+class CallDesc(_Grows):
+    _fields_ = [("size", ctypes.c_size_t), ("device", ctypes.c_int), ("dtype", ctypes.c_int),
                 ("B", ctypes.c_int64), ("Sq", ctypes.c_int64), ("Skv", ctypes.c_int64),
                 ("Hq", ctypes.c_int64), ("Hkv", ctypes.c_int64), ("D", ctypes.c_int64),
                 ("causal", ctypes.c_int), ("want_lse", ctypes.c_int),
                 ("deterministic", ctypes.c_int), ("backend", _s), ("component", _s),
                 ("quant", _s), ("mask", ctypes.c_uint), ("backward", ctypes.c_int),
-                ("kv_dtype", ctypes.c_int)]
+                ("kv_dtype", ctypes.c_int), ("shares", ctypes.c_int)]
 
 
-class LayerDesc(ctypes.Structure):
-    _fields_ = [("name", _s), ("component", _s), ("backend", _s), ("quant", _s)]
+class LayerDesc(_Grows):
+    _fields_ = [("size", ctypes.c_size_t), ("name", _s), ("component", _s), ("backend", _s), ("quant", _s)]
 
 
-class ContextOptions(ctypes.Structure):
-    _fields_ = [("platform", _p), ("log", _p), ("log_user", _p), ("log_level", ctypes.c_int),
+class ContextOptions(_Grows):
+    _fields_ = [("size", ctypes.c_size_t), ("platform", _p), ("log", _p), ("log_user", _p), ("log_level", ctypes.c_int),
                 ("threads", ctypes.c_int), ("policy_file", _s), ("ignore_env", ctypes.c_int),
                 ("foreign_policy", ctypes.c_int), ("share_pool", ctypes.c_int),
                 ("parallel_for", _p), ("parallel_for_user", _p)]

@@ -74,7 +74,7 @@ def bench_suite(args):
         except libsdpa.NotAvailableError:
             return 0.0
 
-    bf16_ceil, amx_ceil = best_ceiling("avx512-bf16"), best_ceiling("amx-bf16")
+    bf16_ceil, amx_ceil = best_ceiling("avx512bf16"), best_ceiling("amx-bf16")
     info = libsdpa.info()
     backends = [b for b in info["backends"] if b["device"] == "cpu" and b["present"]
                 and b["name"] != "ref" and args.dtype in b["dtypes"]]

@@ -70,6 +70,16 @@ struct sdpa_backend {
     /* NULL when the kernel is in this build; else why not ("OpenBLAS was
      * not found at build time"): the descriptor stays, never present. */
     const char *not_built;
+    /* The arithmetic peak of the unit the kernel's products run on
+     * (sdpa_measure_ceiling, src/cpu/ceiling.c): probe(iters) runs iters
+     * rounds of independent chains in registers and returns the FLOPs
+     * done. probe_unit is 0 for the fp32 FMA peak (the present backend
+     * with the highest feature measures it), else the SDPA_CPU_* bit whose
+     * instructions it times (AVX512-BF16's VDPBF16PS, AMX-BF16's tiles).
+     * probe_max_iters caps the sizing runs (0: 20 million). NULL: none. */
+    double (*probe)(int64_t iters);
+    unsigned probe_unit;
+    int64_t probe_max_iters;
 };
 
 #define SDPA_DTYPE_BIT(t) (1u << (t))

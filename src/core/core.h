@@ -58,6 +58,42 @@ int sdpa__log_level_parse(const char *s);
 /* ---- a validated call (tensor.c) */
 
 /* Everything a backend needs, checked once by sdpa__call_prepare. */
+/*
+ * Public structs that callers fill grow by addition (sdpa.h: "Growing by
+ * addition"): each starts with size_t size, the sizeof the caller compiled
+ * against; 0 means the 0.2.0 layout. SDPA_BASE_* are those 0.2.0 sizes,
+ * which stay: a field added later must start at or after the old sizeof
+ * (a struct that ended in padding gets the field 8-aligned, or an explicit
+ * pad member first), so that an older caller's struct is read up to where
+ * it ends and its padding is never taken for the new field.
+ */
+#ifndef SDPA_ABI_GROWTH_TEST
+#define SDPA_BASE_PARAMS sizeof(sdpa_params)
+#define SDPA_BASE_MASK sizeof(sdpa_mask)
+#define SDPA_BASE_CONTEXT_OPTIONS sizeof(sdpa_context_options)
+#define SDPA_BASE_LAYER_DESC sizeof(sdpa_layer_desc)
+#define SDPA_BASE_CALL_DESC sizeof(sdpa_call_desc)
+#define SDPA_BASE_TUNE_OPTIONS sizeof(sdpa_tune_options)
+#else /* the growth test's build: each struct has one field more than at 0.2.0 */
+#define SDPA_BASE_PARAMS offsetof(sdpa_params, abi_growth_test)
+#define SDPA_BASE_MASK offsetof(sdpa_mask, abi_growth_test)
+#define SDPA_BASE_CONTEXT_OPTIONS offsetof(sdpa_context_options, abi_growth_test)
+#define SDPA_BASE_LAYER_DESC offsetof(sdpa_layer_desc, abi_growth_test)
+#define SDPA_BASE_CALL_DESC offsetof(sdpa_call_desc, abi_growth_test)
+#define SDPA_BASE_TUNE_OPTIONS offsetof(sdpa_tune_options, abi_growth_test)
+#endif
+
+/*
+ * The struct to read for a caller's src: src itself when it holds every
+ * field this build knows (the common case: no copy), else `local` (ours
+ * bytes) with src's fields and the later ones zero, which means "as before
+ * they existed". NULL with INVALID_ARGUMENT naming `what` when src->size
+ * is below the 0.2.0 layout or beyond this build's (a caller built against
+ * a newer libsdpa).
+ */
+const void *sdpa__struct_in(const void *src, size_t base, size_t ours, void *local,
+                            const char *what);
+
 typedef struct sdpa_call {
     const sdpa_tensor *q, *k, *v;
     sdpa_tensor *out;
@@ -67,6 +103,7 @@ typedef struct sdpa_call {
     int deterministic;
     void *stream;
     const sdpa_mask *mask; /* NULL, or validated; desc.mask says which kinds */
+    sdpa_mask mask_grown;  /* the caller's mask when it was of an older layout */
     sdpa_call_desc desc;  /* sizes and flags in one place */
     struct sdpa_pool *pool;
     unsigned cpu_features; /* SDPA_CPU_* usable on this machine (after SDPA_MAX_ISA) */
@@ -188,9 +225,6 @@ int sdpa__thread_on_idle(void (*fn)(void));
  * dispatcher passes the plugin loader's probe; core does not know the
  * plugin). sdpa_platform_detect is this with the loader's probe. */
 sdpa_status sdpa__platform_detect(sdpa_platform *out, void (*probe_cuda)(sdpa_platform *p));
-
-/* ISA levels for "cpu:isa=..." and SDPA_MAX_ISA. */
-unsigned sdpa__isa_level_mask(const char *level, int *ok);
 
 /*
  * What CPU detection reads from the machine (x86-64): CPUID leaves,

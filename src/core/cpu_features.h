@@ -1,8 +1,13 @@
 /*
- * cpu_features.h - the one table of CPU features: each SDPA_CPU_* bit, the
- * name every text uses for it (rule files' `isa` lines, `require cpu-isa`,
- * `sdpa info`, `sdpa explain`, --platform cpu:features=...) and the title
- * sentences use ("this CPU has no AVX-512"). Adding an ISA is one row here.
+ * cpu_features.h - the one table of CPU architectures, features and ISA
+ * levels. Every text that names one reads it from here: rule files' `isa`
+ * and `arch` lines, `require cpu-isa`, SDPA_MAX_ISA, `sdpa info`,
+ * `sdpa explain`, --platform cpu:isa=LEVEL / features=LIST, the ceiling
+ * probes' names and the sentences ("this CPU has no AVX-512").
+ *
+ * Adding an architecture or an ISA is rows here: a feature row per new
+ * SDPA_CPU_* bit, a level row per new SDPA_MAX_ISA value. Detection of the
+ * bit is platform.c's (CPUID on x86-64, the auxiliary vector on aarch64).
  */
 #ifndef SDPA_CPU_FEATURES_H
 #define SDPA_CPU_FEATURES_H
@@ -11,18 +16,48 @@
 
 #include <stddef.h>
 
+/* Architectures, as `uname -m` and rule files' `arch` lines spell them. */
+#define SDPA_ARCH_X86_64 "x86_64"
+#define SDPA_ARCH_AARCH64 "aarch64"
+
 typedef struct sdpa_cpu_feature {
     unsigned bit;      /* SDPA_CPU_*                                       */
     const char *name;  /* canonical, lower case: "avx2", "amx-bf16"        */
     const char *alias; /* also accepted when parsing ("amx"); NULL: none   */
     const char *title; /* for sentences: "AVX2+FMA", "AMX-BF16"            */
+    const char *arch;  /* the architecture that has it                     */
 } sdpa_cpu_feature;
 
 extern const sdpa_cpu_feature sdpa__cpu_feature_table[];
 extern const size_t sdpa__cpu_feature_count;
 
+/*
+ * ISA levels (SDPA_MAX_ISA, --platform cpu:isa=LEVEL): the features a
+ * level lets the kernels use, every lower level's included. Rows of one
+ * architecture run from the lowest up; "portable" (no feature: plain C)
+ * is every architecture's lowest.
+ */
+typedef struct sdpa_isa_level {
+    const char *name;  /* "portable", "avx2", ..., "neon"                  */
+    const char *arch;  /* NULL: every architecture                         */
+    unsigned features; /* SDPA_CPU_* allowed at this level                 */
+} sdpa_isa_level;
+
+extern const sdpa_isa_level sdpa__isa_level_table[];
+extern const size_t sdpa__isa_level_count;
+
+/* The architecture this library was compiled for ("x86_64", "aarch64",
+ * or "other"). */
+const char *sdpa__build_arch(void);
+
 /* The row of one bit, or NULL. */
 const sdpa_cpu_feature *sdpa__cpu_feature(unsigned bit);
+
+/* The row of a feature name or alias, or NULL. */
+const sdpa_cpu_feature *sdpa__cpu_feature_named(const char *name);
+
+/* The architecture of the bits (the first set bit's row), or NULL if none. */
+const char *sdpa__cpu_features_arch(unsigned bits);
 
 /*
  * Parses a list of feature names separated by any of `seps` into bits.
@@ -37,5 +72,11 @@ char *sdpa__cpu_features_names(unsigned bits, const char *sep, char *buf, size_t
 
 /* Writes the accepted names as "a, b, c or d" for error messages. */
 char *sdpa__cpu_features_expected(char *buf, size_t n);
+
+/* The level row named `name`, or NULL. */
+const sdpa_isa_level *sdpa__isa_level(const char *name);
+
+/* Writes the level names as "a, b, c or d" for error messages. */
+char *sdpa__isa_levels_expected(char *buf, size_t n);
 
 #endif

@@ -25,23 +25,6 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-unsigned sdpa__isa_level_mask(const char *level, int *ok)
-{
-    *ok = 1;
-    if (strcmp(level, "portable") == 0)
-        return SDPA_CPU_NEON;
-    if (strcmp(level, "avx2") == 0)
-        return SDPA_CPU_AVX2;
-    if (strcmp(level, "avx512") == 0) /* fp32 AVX-512: no bf16/fp16 arithmetic */
-        return SDPA_CPU_AVX2 | SDPA_CPU_AVX512F;
-    if (strcmp(level, "avx512bf16") == 0)
-        return SDPA_CPU_AVX2 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16 | SDPA_CPU_AVX512FP16;
-    if (strcmp(level, "amx") == 0)
-        return ~0u;
-    *ok = 0;
-    return 0;
-}
-
 #ifdef SDPA_X86
 static int real_cpuid(unsigned leaf, unsigned sub, unsigned r[4])
 {
@@ -162,12 +145,14 @@ void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe)
 static void detect_cpu(sdpa_platform *p)
 {
     sdpa__strlcpy(p->cpu_model, "unknown CPU", sizeof p->cpu_model);
+    sdpa__strlcpy(p->cpu_arch, sdpa__build_arch(), sizeof p->cpu_arch);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     p->cpu_cores = n > 0 ? (int)n : 1;
 #ifdef SDPA_X86
     detect_x86(p);
 #elif defined(__aarch64__)
-    sdpa__strlcpy(p->cpu_model, "aarch64 CPU", sizeof p->cpu_model);
+    /* Advanced SIMD (NEON) is part of every AArch64 core: no probe. */
+    sdpa__strlcpy(p->cpu_model, SDPA_ARCH_AARCH64 " CPU", sizeof p->cpu_model);
     sdpa__strlcpy(p->cpu_vendor, "other", sizeof p->cpu_vendor);
     p->cpu_features = p->cpu_features_present = SDPA_CPU_NEON;
 #endif
@@ -227,14 +212,13 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
                                       "or other",
                                       spec, vendor);
             } else if (strncmp(tok, "isa=", 4) == 0) {
-                int ok;
-                unsigned mask = sdpa__isa_level_mask(tok + 4, &ok);
-                if (!ok)
+                const sdpa_isa_level *level = sdpa__isa_level(tok + 4);
+                char names[128];
+                if (!level)
                     return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                                      "platform '%s': isa '%s' unknown, expected portable, "
-                                      "avx2, avx512, avx512bf16 or amx",
-                                      spec, tok + 4);
-                p.cpu_features &= mask;
+                                      "platform '%s': isa '%s' unknown, expected %s", spec,
+                                      tok + 4, sdpa__isa_levels_expected(names, sizeof names));
+                p.cpu_features &= level->features;
             } else if (strncmp(tok, "features=", 9) == 0) {
                 /* A described CPU: exactly these features, whatever this
                  * machine has, so explain shows what an AMX Xeon would run
@@ -248,6 +232,10 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
                                       "of %s",
                                       spec, bad, sdpa__cpu_features_expected(names, sizeof names));
                 p.cpu_features = p.cpu_features_present = bits;
+                /* the architecture the features belong to (neon: aarch64) */
+                const char *arch = sdpa__cpu_features_arch(bits);
+                if (arch)
+                    sdpa__strlcpy(p.cpu_arch, arch, sizeof p.cpu_arch);
                 p.amx_permitted = (bits & SDPA_CPU_AMX_BF16) != 0;
                 snprintf(p.cpu_model, sizeof p.cpu_model, "described CPU");
                 p.cpu_vendor[0] = '\0'; /* unless vendor= says */

@@ -100,6 +100,52 @@ int sdpa__overlaps(const void *a, int64_t na, const void *b, int64_t nb)
     return a0 < b0 + (uintptr_t)nb && b0 < a0 + (uintptr_t)na;
 }
 
+#ifdef SDPA_ABI_GROWTH_TEST
+/* The growth test's library (scripts/abi-check.sh) reads its added field,
+ * as a release that adds one would: it must be 0 ("as before") for a
+ * program built against 0.2.0, which it is only if the struct was read no
+ * further than the caller's size. */
+static const void *grown_field_zero(const void *r, size_t base, size_t ours, const char *what)
+{
+    int64_t added;
+    memcpy(&added, (const char *)r + base, sizeof added);
+    if (ours >= base + sizeof added && added != 0) {
+        sdpa__fail(SDPA_INVALID_ARGUMENT, "%s->abi_growth_test is %lld, expected 0: read past "
+                                          "the caller's struct", what, (long long)added);
+        return NULL;
+    }
+    return r;
+}
+#else
+static const void *grown_field_zero(const void *r, size_t base, size_t ours, const char *what)
+{
+    (void)base, (void)ours, (void)what;
+    return r;
+}
+#endif
+
+const void *sdpa__struct_in(const void *src, size_t base, size_t ours, void *local,
+                            const char *what)
+{
+    size_t size;
+    memcpy(&size, src, sizeof size); /* the first member of every growing struct */
+    if (size == 0) /* cleared or designated without .size: the 0.2.0 layout */
+        size = base;
+    if (size == ours)
+        return grown_field_zero(src, base, ours, what);
+    if (size < base || size > ours) {
+        sdpa__fail(SDPA_INVALID_ARGUMENT,
+                   "%s->size is %zu, expected %zu (this libsdpa's sizeof), 0 (the 0.2.0 layout) or "
+                   "a size between: start from the SDPA_*_DEFAULT macro; a larger size means a "
+                   "caller built against a newer libsdpa",
+                   what, size, ours);
+        return NULL;
+    }
+    memset(local, 0, ours);
+    memcpy(local, src, size);
+    return grown_field_zero(local, base, ours, what);
+}
+
 static sdpa_status check_params(const sdpa_params *p)
 {
     if (!isfinite(p->scale))
@@ -369,8 +415,11 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                                const sdpa_params *params, sdpa_call *call)
 {
     static const sdpa_params defaults = SDPA_PARAMS_DEFAULT;
+    sdpa_params grown;
     if (!params)
         params = &defaults;
+    else if (!(params = sdpa__struct_in(params, SDPA_BASE_PARAMS, sizeof grown, &grown, "params")))
+        return SDPA_INVALID_ARGUMENT;
     int64_t span[4];
     const sdpa_tensor *t[4] = {q, k, v, out};
     static const char *names[4] = {"q", "k", "v", "out"};
@@ -446,14 +495,18 @@ sdpa_status sdpa__call_prepare(const sdpa_tensor *q, const sdpa_tensor *k,
                               sdpa_dtype_size(t[i]->dtype));
 
     unsigned kinds;
-    if ((st = check_mask(params->mask, q, k, &kinds)) != SDPA_OK)
+    const sdpa_mask *mask = params->mask;
+    if (mask && !(mask = sdpa__struct_in(mask, SDPA_BASE_MASK, sizeof call->mask_grown,
+                                         &call->mask_grown, "params->mask")))
+        return SDPA_INVALID_ARGUMENT;
+    if ((st = check_mask(mask, q, k, &kinds)) != SDPA_OK)
         return st;
 
     /* every field set, no memset: a rep stos of the whole struct was 3% of a one-token call */
     call->pool = NULL, call->cpu_features = 0, call->cuda_flash_variant = 0;
     call->dout = NULL, call->dlse = NULL, call->dq = call->dk = call->dv = NULL;
     call->q = q, call->k = k, call->v = v, call->out = out, call->lse = lse;
-    call->mask = kinds ? params->mask : NULL;
+    call->mask = kinds ? mask : NULL;
     call->scale = params->scale != 0.0 ? params->scale : 1.0 / sqrt((double)q->size[3]);
     call->causal = params->causal;
     call->deterministic = params->deterministic;

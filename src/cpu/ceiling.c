@@ -6,17 +6,15 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "ceiling.h"
+#include "../core/backend.h"
+#include "../core/cpu_features.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 /* Threads whose CPU time a probe reads (more share the wall clock). */
 #define SDPA_MAX_PROBE_THREADS 256
-
-double sdpa__probe_fma_avx512(int64_t iters);
-double sdpa__probe_fma_avx2(int64_t iters);
-double sdpa__probe_amx_bf16(int64_t iters);
-double sdpa__probe_dpbf16_avx512(int64_t iters);
 
 typedef struct probe_job {
     double (*fn)(int64_t);
@@ -43,36 +41,63 @@ static void probe_task(void *arg, int64_t task, int worker)
         j->cpu[task] = clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
 }
 
-sdpa_status sdpa__cpu_ceiling(sdpa_pool *pool, unsigned cpu_features, const char *what,
-                              double *gflops, const char **isa)
+/* The table position of the highest feature in bits: the fp32 probe of
+ * the backend whose ISA is the newest present one wins (avx512 over avx2). */
+static int feature_rank(unsigned bits)
+{
+    int rank = -1;
+    for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
+        if (bits & sdpa__cpu_feature_table[i].bit)
+            rank = (int)i;
+    return rank;
+}
+
+sdpa_status sdpa__cpu_ceiling(sdpa_pool *pool, const sdpa_backend *const *backends, int n_backends,
+                              unsigned cpu_features, const char *what, double *gflops,
+                              const char **isa)
 {
     *gflops = 0;
-    (void)cpu_features; /* read only where the x86-64 probes are built */
-    const int amx = strcmp(what, "amx-bf16") == 0, dpbf16 = strcmp(what, "avx512-bf16") == 0;
-    if (strcmp(what, "fp32") != 0 && !amx && !dpbf16)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                          "what is '%s', expected \"fp32\", \"avx512-bf16\" or \"amx-bf16\"",
-                          what);
-    probe_job job = {NULL, 20000000, {0}}; /* iters: a cap on the sizing runs below */
-    const char *name = "none";
-#ifdef SDPA_HAVE_X86_KERNELS
-    if (amx && (cpu_features & SDPA_CPU_AMX_BF16))
-        job.fn = sdpa__probe_amx_bf16, job.iters = 1000000, name = "amx";
-    else if (dpbf16 && (cpu_features & SDPA_CPU_AVX512BF16))
-        job.fn = sdpa__probe_dpbf16_avx512, name = "avx512-bf16";
-    else if (amx || dpbf16)
-        ;
-    else if (cpu_features & SDPA_CPU_AVX512F)
-        job.fn = sdpa__probe_fma_avx512, name = "avx512";
-    else if (cpu_features & SDPA_CPU_AVX2)
-        job.fn = sdpa__probe_fma_avx2, name = "avx2";
-#endif
     if (isa)
-        *isa = name;
-    if (!job.fn)
-        return sdpa__fail(SDPA_NOT_AVAILABLE, amx      ? "no usable AMX-BF16 on this machine"
-                                              : dpbf16 ? "no usable AVX512-BF16 on this machine"
-                                                       : "no vector FMA probe for this CPU");
+        *isa = "none";
+    /* what: "fp32", or the feature whose unit a backend's probe times */
+    unsigned unit = 0;
+    if (strcmp(what, "fp32") != 0) {
+        const sdpa_cpu_feature *f = sdpa__cpu_feature_named(what);
+        int probed = 0;
+        for (int i = 0; f && i < n_backends && !probed; i++)
+            probed = backends[i]->probe_unit == f->bit;
+        if (!probed) {
+            char names[160];
+            size_t len = (size_t)snprintf(names, sizeof names, "\"fp32\"");
+            for (int i = 0; i < n_backends && len < sizeof names; i++) {
+                const sdpa_cpu_feature *u = sdpa__cpu_feature(backends[i]->probe_unit);
+                if (backends[i]->probe_unit && u)
+                    len += (size_t)snprintf(names + len, sizeof names - len, ", \"%s\"", u->name);
+            }
+            return sdpa__fail(SDPA_INVALID_ARGUMENT, "what is '%s', expected %s", what, names);
+        }
+        unit = f->bit;
+    }
+    const sdpa_backend *by = NULL; /* the backend whose probe runs */
+    for (int i = 0; i < n_backends; i++) {
+        const sdpa_backend *b = backends[i];
+        if (!b->probe || b->not_built || b->probe_unit != unit ||
+            (b->caps.cpu_features & ~cpu_features))
+            continue;
+        if (!by || feature_rank(b->caps.cpu_features) > feature_rank(by->caps.cpu_features))
+            by = b;
+    }
+    if (!by) {
+        const sdpa_cpu_feature *f = sdpa__cpu_feature(unit);
+        return sdpa__fail(SDPA_NOT_AVAILABLE, f ? "no usable %s on this machine"
+                                                : "no vector FMA probe for this CPU%s",
+                          f ? f->title : "");
+    }
+    probe_job job = {by->probe, by->probe_max_iters ? by->probe_max_iters : 20000000, {0}};
+    if (isa) { /* the probed unit, by its table name */
+        const sdpa_cpu_feature *f = sdpa__cpu_feature(unit);
+        *isa = f ? f->name : sdpa__cpu_feature_table[feature_rank(by->caps.cpu_features)].name;
+    }
     const int threads = sdpa__pool_threads(pool);
     /* Warm up and size the run: iterations for about 25 ms a rep, whatever
      * the unit's speed (a fixed count took 0.1 s on one CPU and seconds on

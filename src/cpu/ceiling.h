@@ -8,8 +8,14 @@
 
 #include "../core/core.h"
 
-/* what: "fp32" | "avx512-bf16" | "amx-bf16"; anything else is INVALID_ARGUMENT. */
-sdpa_status sdpa__cpu_ceiling(sdpa_pool *pool, unsigned cpu_features, const char *what,
+struct sdpa_backend;
+
+/* what: "fp32" (the FMA peak, probed by the present backend of the highest
+ * ISA), or the name of a feature some backend's probe times (probe_unit:
+ * "avx512bf16", "amx-bf16"); anything else is INVALID_ARGUMENT. The probes
+ * are the backends' own (their descriptors declare them). */
+sdpa_status sdpa__cpu_ceiling(sdpa_pool *pool, const struct sdpa_backend *const *backends,
+                              int n_backends, unsigned cpu_features, const char *what,
                               double *gflops, const char **isa);
 
 #endif

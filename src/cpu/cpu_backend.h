@@ -25,16 +25,23 @@ int sdpa__cpu_backend_present(const sdpa_backend *self, const sdpa_platform *hos
 /* run of a descriptor whose kernel is not built: NOT_AVAILABLE, saying so. */
 sdpa_status sdpa__cpu_backend_not_built(const sdpa_backend *self, const sdpa_call *call);
 
-/* The x86-64 kernels are built on x86-64 only; elsewhere their descriptors
- * stay, never present. */
-#ifdef SDPA_HAVE_X86_KERNELS
-#define SDPA_X86_KERNEL(fn) fn
-#define SDPA_X86_NOT_BUILT NULL
-#define SDPA_X86_VERSION SDPA_VERSION_STRING
+/*
+ * A backend's kernels are built on the architecture its sdpa_cpu_backend
+ * line in CMakeLists.txt names; there its backend.c is compiled with
+ * SDPA_KERNELS_BUILT=1 (SDPA_KERNELS_ARCH, SDPA_BUILD_ARCH: the two
+ * architectures). Elsewhere the descriptor stays, never present, and these
+ * name what it lacks.
+ */
+#if SDPA_KERNELS_BUILT
+#define SDPA_CPU_KERNEL(fn) fn
+#define SDPA_CPU_PROBE(fn) fn
+#define SDPA_CPU_NOT_BUILT NULL
+#define SDPA_CPU_VERSION SDPA_VERSION_STRING
 #else
-#define SDPA_X86_KERNEL(fn) sdpa__cpu_backend_not_built
-#define SDPA_X86_NOT_BUILT "x86-64 kernels, this build is for another architecture"
-#define SDPA_X86_VERSION "absent"
+#define SDPA_CPU_KERNEL(fn) sdpa__cpu_backend_not_built
+#define SDPA_CPU_PROBE(fn) NULL
+#define SDPA_CPU_NOT_BUILT SDPA_KERNELS_ARCH " kernels, this build is for " SDPA_BUILD_ARCH
+#define SDPA_CPU_VERSION "absent"
 #endif
 
 #endif

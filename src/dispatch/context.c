@@ -1,107 +1,21 @@
 /*
  * context.c - creating and destroying a context: its platform, backends,
- * pool, the built-in rules, then the environment (environment.c), which
- * brings the wisdom and user rules (rule_files.c). Overrides: overrides.c.
+ * the built-in rules, then the environment (read by environment.c, applied
+ * here), which brings the wisdom and user rules (rule_files.c). The top of
+ * the dispatcher: it calls every file below it, none calls it. Lookups in
+ * a context: lookup.c; overrides: overrides.c.
  */
 #include "context.h"
-
 #include "cuda_loader.h"
+#include "decide.h"
+#include "environment.h"
+#include "rule_files.h"
+#include "../core/cpu_features.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- backends */
-
-int sdpa__ctx_find(const sdpa_context *ctx, const char *name)
-{
-    for (int i = 0; i < ctx->n_backends; i++)
-        if (strcmp(ctx->backends[i]->name, name) == 0)
-            return i;
-    return -1;
-}
-
-sdpa_status sdpa__ctx_add_backend(sdpa_context *ctx, const sdpa_backend *b)
-{
-    if (ctx->n_backends == SDPA_MAX_BACKENDS)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "too many backends (at most %d)",
-                          SDPA_MAX_BACKENDS);
-    if (sdpa__ctx_find(ctx, b->name) >= 0)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "backend '%s' already registered", b->name);
-    int i = ctx->n_backends++;
-    ctx->backends[i] = b;
-    ctx->present[i] = sdpa__backend_present(b, &ctx->host, ctx->why_absent[i],
-                                            sizeof ctx->why_absent[i]);
-    atomic_fetch_add(&ctx->generation, 1);
-    return SDPA_OK;
-}
-
-int sdpa_backend_count(const sdpa_context *ctx) { return ctx ? ctx->n_backends : 0; }
-
-sdpa_status sdpa_backend_get(const sdpa_context *ctx, int index, sdpa_backend_info *out)
-{
-    if (!ctx || !out)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "out" : "ctx");
-    if (index < 0 || index >= ctx->n_backends)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "index is %d, expected 0..%d", index,
-                          ctx->n_backends - 1);
-    const sdpa_backend *b = ctx->backends[index];
-    memset(out, 0, sizeof *out);
-    out->name = b->name;
-    out->summary = b->summary;
-    out->device = b->device;
-    out->dtypes = b->caps.dtypes;
-    out->head_dim_min = b->caps.d_min, out->head_dim_max = b->caps.d_max;
-    out->head_dim_multiple = b->caps.d_multiple;
-    out->gqa = b->caps.gqa, out->cross = b->caps.cross;
-    out->causal_top_left = b->caps.causal_top_left;
-    out->causal_bottom_right = b->caps.causal_bottom_right;
-    out->lse = b->caps.lse, out->deterministic = b->caps.deterministic;
-    out->cpu_features = b->caps.cpu_features;
-    out->masks = b->caps.masks;
-    out->min_cc = b->caps.min_cc;
-    out->product_bits = b->caps.product_bits;
-    out->backward = b->caps.backward;
-    out->mixed_dtypes = b->caps.mixed_dtypes;
-    out->shares = b->caps.shares;
-    out->present = ctx->present[index];
-    sdpa__strlcpy(out->why_absent, ctx->why_absent[index], sizeof out->why_absent);
-    out->version = b->version;
-    return SDPA_OK;
-}
-
-/* ---- context */
-
-const sdpa_platform *sdpa_context_platform(const sdpa_context *ctx)
-{
-    return ctx ? &ctx->platform : NULL;
-}
-
-int sdpa_context_threads(const sdpa_context *ctx) { return ctx ? ctx->threads : 0; }
-
-sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out)
-{
-    /* started once, then read on every call: an acquire load, not the
-     * mutex (a lock and unlock were ~5% of a one-token call) */
-    sdpa_pool *pool = atomic_load_explicit(&ctx->pool, memory_order_acquire);
-    if (pool) {
-        *out = pool;
-        return SDPA_OK;
-    }
-    sdpa_status st = SDPA_OK;
-    pthread_mutex_lock(&ctx->pool_lock);
-    pool = atomic_load_explicit(&ctx->pool, memory_order_relaxed);
-    if (!pool) {
-        st = ctx->host_for     ? sdpa__pool_create_host(ctx->threads, ctx->host_for,
-                                                        ctx->host_user, &pool)
-             : ctx->share_pool ? sdpa__pool_acquire(ctx->threads, &pool)
-                               : sdpa__pool_create(ctx->threads, &pool);
-        atomic_store_explicit(&ctx->pool, pool, memory_order_release);
-    }
-    *out = pool;
-    pthread_mutex_unlock(&ctx->pool_lock);
-    return st;
-}
 
 /* One line on which CPU kernel each input dtype gets here (by the rules,
  * for a typical diffusion call) and why the better ones do not run
@@ -143,13 +57,109 @@ static void log_isa_decision(sdpa_context *ctx)
               skipped[0] ? " (" : "", skipped, skipped[0] ? ")" : "");
 }
 
+/* The flash kernel variant SDPA_CUDA_FLASH_VARIANT selects: 0 or 1, or -1
+ * when the value is neither (INVALID_ARGUMENT recorded). */
+static int cuda_flash_variant(const sdpa_env *env)
+{
+    const char *v = sdpa__env_value(env, SDPA_ENV_CUDA_FLASH_VARIANT);
+    if (!v || strcmp(v, "0") == 0)
+        return 0;
+    if (strcmp(v, "1") == 0)
+        return 1;
+    sdpa__fail(SDPA_INVALID_ARGUMENT,
+               "SDPA_CUDA_FLASH_VARIANT='%.20s' unknown, expected 0 (plain loads) or 1 "
+               "(cp.async pipeline)",
+               v);
+    return -1;
+}
+
+/* Applies the environment at creation: log level, ISA cap, foreign-file
+ * policy, SDPA_BACKEND, the CUDA flash variant, the wisdom and SDPA_POLICY
+ * (or o->policy_file), each validated. */
+static sdpa_status apply_env(sdpa_context *ctx, const sdpa_context_options *o)
+{
+    if (o->ignore_env) {
+        snprintf(ctx->wisdom, sizeof ctx->wisdom, "not looked for (ignore_env)\n");
+        return o->policy_file ? sdpa_context_load_policy(ctx, o->policy_file) : SDPA_OK;
+    }
+    sdpa_env *env = sdpa__malloc(sizeof *env);
+    if (!env)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate the environment's snapshot");
+    sdpa__env_read(env);
+    sdpa_status st = SDPA_OK;
+    const char *s;
+    if (o->log_level < 0 && (s = sdpa__env_value(env, SDPA_ENV_LOG))) {
+        int lvl = sdpa__log_level_parse(s);
+        if (lvl < 0) {
+            st = sdpa__fail(SDPA_INVALID_ARGUMENT,
+                            "SDPA_LOG='%s' unknown, expected error, warn, info or debug", s);
+            goto done;
+        }
+        ctx->log.level = lvl;
+    }
+    if ((s = sdpa__env_value(env, SDPA_ENV_MAX_ISA))) {
+        const sdpa_isa_level *level = sdpa__isa_level(s);
+        if (!level) {
+            char names[160];
+            st = sdpa__fail(SDPA_INVALID_ARGUMENT, "SDPA_MAX_ISA='%s' unknown, expected %s", s,
+                            sdpa__isa_levels_expected(names, sizeof names));
+            goto done;
+        }
+        const unsigned mask = level->features;
+        unsigned before = ctx->host.cpu_features;
+        ctx->host.cpu_features &= mask;
+        if (!ctx->platform.simulated)
+            ctx->platform.cpu_features &= mask;
+        sdpa__log(&ctx->log, SDPA_LOG_INFO, "SDPA_MAX_ISA=%s: CPU features 0x%x -> 0x%x", s,
+                  before, ctx->host.cpu_features);
+    }
+    if ((s = sdpa__env_value(env, SDPA_ENV_POLICY_FOREIGN))) {
+        if (strcmp(s, "refuse") != 0 && strcmp(s, "warn") != 0) {
+            st = sdpa__fail(SDPA_INVALID_ARGUMENT,
+                            "SDPA_POLICY_FOREIGN='%s' unknown, expected refuse or warn", s);
+            goto done;
+        }
+        ctx->foreign_policy = strcmp(s, "warn") == 0;
+    }
+    if ((s = sdpa__env_value(env, SDPA_ENV_BACKEND)) &&
+        (ctx->env_backend = sdpa__ctx_find(ctx, s)) < 0) {
+        st = sdpa__fail(SDPA_INVALID_ARGUMENT,
+                        "SDPA_BACKEND='%s' unknown (see `sdpa info` for the names)", s);
+        goto done;
+    }
+    if ((ctx->cuda_flash_variant = cuda_flash_variant(env)) < 0) {
+        st = SDPA_INVALID_ARGUMENT;
+        goto done;
+    }
+    if ((s = sdpa__env_value(env, SDPA_ENV_FINITE_GUARD))) {
+        if (strcmp(s, "0") && strcmp(s, "1")) {
+            st = sdpa__fail(SDPA_INVALID_ARGUMENT,
+                            "SDPA_FINITE_GUARD='%.20s' unknown, expected 0 (off) or 1 (on)", s);
+            goto done;
+        }
+        atomic_store(&ctx->finite_guard, s[0] == '1');
+    }
+    sdpa__ctx_load_wisdom(ctx, env);
+    const char *policy = o->policy_file ? o->policy_file : sdpa__env_value(env, SDPA_ENV_POLICY);
+    if (policy)
+        st = sdpa_context_load_policy(ctx, policy);
+done:
+    free(env);
+    return st;
+}
+
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out)
 {
     static const sdpa_context_options defaults = SDPA_CONTEXT_OPTIONS_DEFAULT;
     if (!out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a place for the context");
     *out = NULL;
-    const sdpa_context_options *o = opts ? opts : &defaults;
+    sdpa_context_options grown;
+    const sdpa_context_options *o =
+        opts ? sdpa__struct_in(opts, SDPA_BASE_CONTEXT_OPTIONS, sizeof grown, &grown, "opts")
+             : &defaults;
+    if (!o)
+        return SDPA_INVALID_ARGUMENT;
     if (o->threads < 0)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "opts->threads is %d, expected >= 0 (0 = all)",
                           o->threads);
@@ -186,7 +196,7 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     if (st == SDPA_OK)
         st = sdpa__ctx_install_policy(ctx, sdpa__default_rules_text, "default.rules");
     if (st == SDPA_OK)
-        st = sdpa__ctx_apply_env(ctx, o);
+        st = apply_env(ctx, o);
     if (st != SDPA_OK) {
         char msg[1024];
         sdpa__strlcpy(msg, sdpa_last_error(), sizeof msg);

@@ -1,6 +1,8 @@
 /*
- * context.h - the context, layers and the decision procedure, as the
- * dispatcher's files share them.
+ * context.h - the context (struct sdpa_context) and the lookups in it that
+ * lookup.c implements. What the other dispatcher files offer is declared
+ * in headers named for them: decide.h, guard.h, rule_files.h, policy.h,
+ * environment.h, decision_cache.h, cuda_loader.h.
  */
 #ifndef SDPA_CONTEXT_H
 #define SDPA_CONTEXT_H
@@ -62,60 +64,10 @@ struct sdpa_context {
     _Atomic int64_t guard_events;
 };
 
-/* guard.c: whether a finished call's output (or LSE: NaN, +inf) holds a
- * non-finite value; whether q, k and v are all finite. CPU tensors. */
-int sdpa__guard_output_bad(const sdpa_call *c);
-int sdpa__guard_inputs_finite(const sdpa_call *c);
-/* "guard     on, N events" for info and explain (info.c). */
-struct sdpa_strbuf;
-void sdpa__guard_text(struct sdpa_strbuf *sb, const sdpa_context *ctx, int width);
-
-/* A choice fixed before any rule is consulted (levels 1-4 of the precedence). */
-typedef struct sdpa_choice {
-    sdpa_source source;
-    int backend; /* index into ctx->backends */
-    char detail[128];
-} sdpa_choice;
-
 /* Index of a backend by name, or -1. */
 int sdpa__ctx_find(const sdpa_context *ctx, const char *name);
 
-/*
- * The choice that overrides the rules for a call, if any, in precedence
- * order: desc->backend, then `fixed` (a layer's captured choice), then the
- * scoped override, the component override and SDPA_BACKEND.
- * Returns 1 and fills *out, 0 when the rules decide, or -1 with
- * INVALID_ARGUMENT recorded when a name is unknown.
- */
-int sdpa__resolve_choice(const sdpa_context *ctx, const sdpa_call_desc *desc,
-                         const sdpa_choice *fixed, sdpa_choice *out);
-
-/*
- * The full decision. cand[] receives backend indices in order. Returns
- * INVALID_ARGUMENT for a bad description or unknown backend name; otherwise
- * OK with out->status saying whether anything can run.
- */
-sdpa_status sdpa__decide(sdpa_context *ctx, const sdpa_call_desc *desc, const sdpa_choice *fixed,
-                         sdpa_decision *out, int *cand);
-
 /* The context's pool, started on first use. */
 sdpa_status sdpa__ctx_pool(sdpa_context *ctx, sdpa_pool **out);
-
-
-/* Parses rule text and puts it in front of the context's rules
- * (rule_files.c); a tuned file made elsewhere is refused. */
-sdpa_status sdpa__ctx_install_policy(sdpa_context *ctx, const char *text, const char *origin);
-
-struct sdpa_env;
-/* Loads this machine's wisdom as the snapshot says (rule_files.c). */
-void sdpa__ctx_load_wisdom(sdpa_context *ctx, const struct sdpa_env *env);
-
-/* Applies the environment at creation (environment.c): log level, ISA cap,
- * foreign-file policy, SDPA_BACKEND, the CUDA flash variant, the wisdom
- * and SDPA_POLICY (or o->policy_file), each validated. */
-sdpa_status sdpa__ctx_apply_env(sdpa_context *ctx, const sdpa_context_options *o);
-
-/* Describes the call's shape class for log lines. */
-void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n);
 
 #endif

@@ -18,6 +18,8 @@
  * decision that machine would make.
  */
 #include "context.h"
+#include "decide.h"
+#include "guard.h"
 #include "../core/cpu_features.h"
 #include "../core/strbuf.h"
 
@@ -261,6 +263,9 @@ sdpa_status sdpa_decide(sdpa_context *ctx, const sdpa_call_desc *desc, sdpa_deci
 {
     if (!ctx || !out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "out" : "ctx");
+    sdpa_call_desc grown;
+    if (desc && !(desc = sdpa__struct_in(desc, SDPA_BASE_CALL_DESC, sizeof grown, &grown, "desc")))
+        return SDPA_INVALID_ARGUMENT;
     int cand[SDPA_MAX_CANDIDATES];
     sdpa_status st = sdpa__decide(ctx, desc, NULL, out, cand);
     if (st == SDPA_OK)
@@ -424,6 +429,9 @@ sdpa_status sdpa_explain(sdpa_context *ctx, const sdpa_call_desc *desc, int json
     if (!ctx || !text)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "text" : "ctx");
     *text = NULL;
+    sdpa_call_desc grown;
+    if (desc && !(desc = sdpa__struct_in(desc, SDPA_BASE_CALL_DESC, sizeof grown, &grown, "desc")))
+        return SDPA_INVALID_ARGUMENT;
     sdpa_decision *dec = sdpa__malloc(sizeof *dec);
     if (!dec)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "explain: cannot allocate");

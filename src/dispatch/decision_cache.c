@@ -1,6 +1,7 @@
 /* decision_cache.c - see decision_cache.h. */
 #include "decision_cache.h"
 #include "context.h"
+#include "decide.h"
 
 #include <stdio.h>
 #include <stdlib.h>

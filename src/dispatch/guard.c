@@ -8,7 +8,9 @@
  * bits: no float compare, no conversion); the inputs only when the output
  * is bad. LSE -inf is a row that sees no key, not an error.
  */
+#include "guard.h"
 #include "context.h"
+#include "../core/strbuf.h"
 
 #include <string.h>
 
@@ -67,4 +69,31 @@ int sdpa__guard_output_bad(const sdpa_call *c)
 int sdpa__guard_inputs_finite(const sdpa_call *c)
 {
     return !tensor_bad(c->q) && !tensor_bad(c->k) && !tensor_bad(c->v);
+}
+
+sdpa_status sdpa_context_set_finite_guard(sdpa_context *ctx, int on)
+{
+    if (!ctx)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
+    if (on != 0 && on != 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "on is %d, expected 1 (on) or 0 (off)", on);
+    atomic_store(&ctx->finite_guard, on);
+    return SDPA_OK;
+}
+
+int64_t sdpa_context_guard_events(const sdpa_context *ctx)
+{
+    return ctx ? atomic_load(&((sdpa_context *)ctx)->guard_events) : 0;
+}
+
+/* The finite guard's line (info and explain). */
+void sdpa__guard_text(sdpa_strbuf *sb, const sdpa_context *ctx, int width)
+{
+    const int64_t n = sdpa_context_guard_events(ctx);
+    sdpa__sb_printf(sb, "%-*s%s, %lld event%s%s\n", width, "guard",
+                    atomic_load(&ctx->finite_guard) ? "on (finite outputs)" : "off",
+                    (long long)n, n == 1 ? "" : "s",
+                    atomic_load(&ctx->finite_guard) ? ""
+                                                    : " (SDPA_FINITE_GUARD=1 or "
+                                                      "sdpa_context_set_finite_guard)");
 }

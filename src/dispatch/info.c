@@ -7,6 +7,9 @@
  * every figure of this machine is a fraction of.
  */
 #include "context.h"
+#include "decide.h"
+#include "guard.h"
+#include "rule_files.h"
 #include "../core/cpu_features.h"
 #include "../core/strbuf.h"
 #include "../cpu/ceiling.h"
@@ -15,18 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-/* The finite guard's line (info and explain). */
-void sdpa__guard_text(sdpa_strbuf *sb, const sdpa_context *ctx, int width)
-{
-    const int64_t n = sdpa_context_guard_events(ctx);
-    sdpa__sb_printf(sb, "%-*s%s, %lld event%s%s\n", width, "guard",
-                    atomic_load(&ctx->finite_guard) ? "on (finite outputs)" : "off",
-                    (long long)n, n == 1 ? "" : "s",
-                    atomic_load(&ctx->finite_guard) ? ""
-                                                    : " (SDPA_FINITE_GUARD=1 or "
-                                                      "sdpa_context_set_finite_guard)");
-}
 
 static const sdpa_cpu_feature *const features = sdpa__cpu_feature_table;
 
@@ -41,7 +32,7 @@ static const char *amx_state(const sdpa_platform *p)
 static void probe_decision(sdpa_context *ctx, const char **backend, const char **source,
                            char *rule, size_t n, sdpa_decision *dec)
 {
-    sdpa_call_desc probe = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
+    sdpa_call_desc probe = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
                             SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0, 0, 0, 0};
     *backend = NULL, *source = "", rule[0] = '\0';
     if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0) {
@@ -89,8 +80,10 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
         if (p->cpu_features_present & features[i].bit)
             any = 1, sdpa__sb_printf(sb, " %s%s", features[i].name,
                                      (p->cpu_features & features[i].bit) ? "" : "(unusable)");
-    sdpa__sb_printf(sb, "%s\namx       %s\n", any ? "" : " none (portable code only)",
-                    amx_state(p));
+    sdpa__sb_printf(sb, "%s\n", any ? "" : " none (portable code only)");
+    sdpa__sb_printf(sb, "arch      %s\n", p->cpu_arch);
+    if (strcmp(p->cpu_arch, SDPA_ARCH_X86_64) == 0) /* AMX's permission is an x86 matter */
+        sdpa__sb_printf(sb, "amx       %s\n", amx_state(p));
     sdpa__sb_printf(sb, "threads   %d (of %d online CPUs)%s\n", sdpa_context_threads(ctx),
                     p->cpu_cores, ctx->host_for ? ", the caller's parallel-for" : "");
     sdpa__guard_text(sb, ctx, 10);
@@ -153,6 +146,7 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     sdpa__sb_printf(sb, "{\"version\":\"%s\",\"cpu\":{", sdpa_version());
     json_key(sb, "model", p->cpu_model, 0);
     json_key(sb, "vendor", p->cpu_vendor, 1);
+    json_key(sb, "arch", p->cpu_arch, 1);
     sdpa__sb_printf(sb, ",\"family\":%d", p->cpu_family);
     sdpa__sb_printf(sb, ",\"simulated\":%s,\"isa\":[", p->simulated ? "true" : "false");
     int n = 0;
@@ -293,5 +287,6 @@ sdpa_status sdpa_measure_ceiling(sdpa_context *ctx, const char *what, double *gf
     sdpa_status st = sdpa__ctx_pool(ctx, &pool);
     if (st != SDPA_OK)
         return st;
-    return sdpa__cpu_ceiling(pool, ctx->host.cpu_features, what, gflops, isa);
+    return sdpa__cpu_ceiling(pool, ctx->backends, ctx->n_backends, ctx->host.cpu_features, what,
+                             gflops, isa);
 }

@@ -10,7 +10,9 @@
  * one warning, and the next candidate runs in the same call.
  */
 #include "context.h"
+#include "decide.h"
 #include "decision_cache.h"
+#include "guard.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,8 +273,11 @@ sdpa_status sdpa_layer_create(sdpa_context *ctx, const sdpa_layer_desc *desc, sd
     if (!ctx || !out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "%s is NULL", ctx ? "out" : "ctx");
     *out = NULL;
+    sdpa_layer_desc grown;
     if (!desc)
         desc = &defaults;
+    else if (!(desc = sdpa__struct_in(desc, SDPA_BASE_LAYER_DESC, sizeof grown, &grown, "desc")))
+        return SDPA_INVALID_ARGUMENT;
     sdpa_layer *l = sdpa__calloc(1, sizeof *l);
     if (!l)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cannot allocate a layer");
@@ -395,17 +400,3 @@ sdpa_status sdpa_layer_set_finite_guard(sdpa_layer *l, int on)
     return SDPA_OK;
 }
 
-sdpa_status sdpa_context_set_finite_guard(sdpa_context *ctx, int on)
-{
-    if (!ctx)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "ctx is NULL, expected a context");
-    if (on != 0 && on != 1)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "on is %d, expected 1 (on) or 0 (off)", on);
-    atomic_store(&ctx->finite_guard, on);
-    return SDPA_OK;
-}
-
-int64_t sdpa_context_guard_events(const sdpa_context *ctx)
-{
-    return ctx ? atomic_load(&((sdpa_context *)ctx)->guard_events) : 0;
-}

@@ -205,6 +205,19 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             sdpa__strlcpy(r->vendor[i], w[i], sizeof r->vendor[i]);
         }
         r->n_vendor = n;
+    } else if (strcmp(key, "arch") == 0) {
+        if (n > 2)
+            return perr(ps, "'%s' lists too many architectures (at most 2)%s", raw, "");
+        for (int i = 0; i < n; i++) {
+            size_t f = 0; /* an architecture is one the feature table names */
+            while (f < sdpa__cpu_feature_count && strcmp(sdpa__cpu_feature_table[f].arch, w[i]))
+                f++;
+            if (f == sdpa__cpu_feature_count)
+                return perr(ps, "arch '%s' unknown, expected " SDPA_ARCH_X86_64 " or "
+                                SDPA_ARCH_AARCH64 "%s", w[i], "");
+            sdpa__strlcpy(r->arch[i], w[i], sizeof r->arch[i]);
+        }
+        r->n_arch = n;
     } else if (strcmp(key, "dtype") == 0 || strcmp(key, "kv_dtype") == 0) {
         for (int i = 0; i < n; i++) {
             int t = 0;
@@ -278,7 +291,7 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         while (i < 6 && strcmp(dims[i], key))
             i++;
         if (i == 6)
-            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, isa, vendor, dtype, "
+            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, arch, isa, vendor, dtype, "
                             "kv_dtype, causal, mask, pass, lse, deterministic, quant, component, B, Sq, "
                             "Skv, Hq, Hkv, D, same_seq, same_heads, try, evidence, class, source "
                             "or claim)%s",
@@ -476,6 +489,15 @@ static int in_component_list(const sdpa_rule *r, const char *v)
     return 0;
 }
 
+/* Whether value is one of the n words of a rule's list line (arch, vendor). */
+static int one_of(const char (*list)[16], int n, const char *value)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(list[i], value) == 0)
+            return 1;
+    return 0;
+}
+
 int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_call_desc *d)
 {
     if (r->device >= 0 && r->device != (int)d->device)
@@ -489,13 +511,11 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
     }
     if (r->isa && (d->device != SDPA_DEVICE_CPU || (p->cpu_features & r->isa) != r->isa))
         return 0;
-    if (r->n_vendor) {
-        int found = 0;
-        for (int i = 0; i < r->n_vendor && !found; i++)
-            found = strcmp(r->vendor[i], p->cpu_vendor) == 0;
-        if (d->device != SDPA_DEVICE_CPU || !found)
-            return 0;
-    }
+    if (r->n_arch && (d->device != SDPA_DEVICE_CPU || !one_of(r->arch, r->n_arch, p->cpu_arch)))
+        return 0;
+    if (r->n_vendor &&
+        (d->device != SDPA_DEVICE_CPU || !one_of(r->vendor, r->n_vendor, p->cpu_vendor)))
+        return 0;
     if (!(r->pass & (d->backward ? 2 : 1)))
         return 0;
     if (r->dtypes && !(r->dtypes & (1u << d->dtype)))

@@ -26,6 +26,8 @@ typedef struct sdpa_rule {
     unsigned isa;         /* SDPA_CPU_* all required; 0: any */
     int n_vendor;         /* `vendor`: the CPU's maker is one of these; 0: any */
     char vendor[3][16];
+    int n_arch;           /* `arch`: the CPU's architecture is one of these; 0: any */
+    char arch[2][16];
     unsigned dtypes;      /* bit per dtype (q's); 0: any */
     unsigned kv_dtypes;   /* `kv_dtype`: bit per k and v's dtype; 0: any */
     unsigned causal;      /* bit per sdpa_causal; 0: any */

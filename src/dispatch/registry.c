@@ -16,7 +16,8 @@
 
 /* In registry order: the order `sdpa info` lists them in. */
 #define SDPA_BUILTIN_BACKENDS(X)                                                               \
-    X(ref) X(cpu_portable) X(cpu_amx) X(cpu_avx512bf16) X(cpu_avx512) X(cpu_avx2) X(cpu_blas)  \
+    X(ref) X(cpu_portable) X(cpu_amx) X(cpu_avx512bf16) X(cpu_avx512) X(cpu_avx2) X(cpu_neon)  \
+    X(cpu_blas)                                                                                \
     X(cuda_cudnn) X(cuda_flash) X(cuda_unfused)
 
 #define SDPA_DECLARE_BACKEND(id) extern const sdpa_backend sdpa__backend_##id;

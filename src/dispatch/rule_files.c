@@ -5,6 +5,7 @@
  * or, as wisdom, ignored).
  */
 #include "context.h"
+#include "rule_files.h"
 #include "environment.h"
 
 #include <errno.h>

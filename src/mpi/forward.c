@@ -105,7 +105,11 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
 {
     const sdpa_mpi_shape *s = &p->s;
     const int64_t nq = q->n;
-    sdpa_params prm = *user;
+    /* the caller's params as far as they go (an older, smaller layout's
+     * later fields stay at their defaults: sdpa.h, growing by addition) */
+    sdpa_params prm = SDPA_PARAMS_DEFAULT;
+    memcpy(&prm, user, user->size && user->size < sizeof prm ? user->size : sizeof prm);
+    prm.size = sizeof prm;
     sdpa_mask m = SDPA_MASK_DEFAULT;
     uint8_t *vis = NULL;
     prm.causal = SDPA_CAUSAL_NONE, prm.mask = NULL;

@@ -17,7 +17,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "../core/half.h"
 #include "../core/strbuf.h"
-#include "../dispatch/context.h"
+#include "../dispatch/decide.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -492,6 +492,9 @@ sdpa_status sdpa_tune(sdpa_context *ctx, const sdpa_tune_row *rows, int n_rows,
     tuner tu;
     memset(&tu, 0, sizeof tu);
     tu.ctx = ctx;
+    sdpa_tune_options grown;
+    if (opts && !(opts = sdpa__struct_in(opts, SDPA_BASE_TUNE_OPTIONS, sizeof grown, &grown, "opts")))
+        return SDPA_INVALID_ARGUMENT;
     tu.o = opts ? *opts : defaults;
     if (tu.o.reps == 0)
         tu.o.reps = 7;

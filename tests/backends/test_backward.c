@@ -194,7 +194,7 @@ static unsigned mask_kinds(unsigned m)
 static int claims(const char *backend, const bcase *bc, char *why, size_t n)
 {
     const tl_case *c = &bc->c;
-    sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
+    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
                         c->causal, 1, 0, backend, NULL, NULL, mask_kinds(bc->masks), 1,
                         tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0, 0};
     return tl_claims(ctx2, &d, why, n);
@@ -565,7 +565,7 @@ static void api(void)
         if (sdpa_backend_get(ctx2, i, &bi) == SDPA_OK && ran && strcmp(bi.name, ran) == 0)
             CHECK(bi.backward, "the dispatcher ran %s, which has no backward pass", ran);
     /* explain says it is a backward call and why the others are passed over */
-    sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128, SDPA_CAUSAL_NONE,
+    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128, SDPA_CAUSAL_NONE,
                         1, 0, NULL, NULL, NULL, 0, 1, 0, 0};
     char *text = NULL;
     CHECK_STATUS(sdpa_explain(ctx2, &d, 0, &text), SDPA_OK);

@@ -261,7 +261,7 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
     free(o), free(l);
     /* every other backend: the same answer, or a refusal naming the mask */
     for (int bi = 0; bi < nb; bi++) {
-        sdpa_call_desc d = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
+        sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
                             c->causal, 1, 0, backends[bi], NULL, NULL, kinds, 0, 0, 0};
         sdpa_decision dec;
         CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
@@ -352,7 +352,7 @@ static void bad_input(void)
  * explain names why a backend is passed over. */
 static void dispatch(void)
 {
-    sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 64, 64, 2, 2, 64, SDPA_CAUSAL_NONE, 0, 0,
+    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 64, 64, 2, 2, 64, SDPA_CAUSAL_NONE, 0, 0,
                         NULL, NULL, NULL, SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, 0, 0, 0};
     sdpa_context *c2 = tl_context("cpu:isa=portable");
     CHECK_STATUS(sdpa_context_load_policy_text(c2,

@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static sdpa_context *ctx_of[8]; /* ctx_of[n]: libsdpa's own pool of n threads */
 
@@ -281,6 +282,21 @@ static int process_threads(void)
     return n;
 }
 
+/* The count once threads that were joined have left /proc: pthread_join
+ * returns when the thread clears its tid, a little before the kernel
+ * removes its task (the test's parallel-for joins its threads after every
+ * region), so a count above `want` is read again for up to 200 ms. A
+ * thread libsdpa started would stay. */
+static int threads_settle(int want)
+{
+    int n = process_threads();
+    for (int tries = 0; n > want && tries < 200; tries++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        n = process_threads();
+    }
+    return n;
+}
+
 static void host_threads(const char **backends, int n_backends)
 {
     printf("== the caller's parallel-for\n");
@@ -329,8 +345,8 @@ static void host_threads(const char **backends, int n_backends)
             CHECK_STATUS(sdpa_forward(host, &p.q, &p.k, &p.v, &h.t, h.lse, &prm), SDPA_OK);
             CHECK(atomic_load(&tp.regions) > regions || s.c.Sq * s.c.Skv < 20000,
                   "%s: the call did not use the caller's parallel-for", what);
-            CHECK(process_threads() == before, "%s: libsdpa started threads (%d, was %d)", what,
-                  process_threads(), before);
+            CHECK(threads_settle(before) == before, "%s: libsdpa started threads (%d, was %d)",
+                  what, process_threads(), before);
             CHECK_STATUS(sdpa_forward(own, &p.q, &p.k, &p.v, &a.t, a.lse, &prm), SDPA_OK);
             CHECK(memcmp(a.mem, h.mem, a.bytes) == 0 &&
                       memcmp(a.lse, h.lse, sizeof(float) * (size_t)(s.c.B * s.c.Hq * s.c.Sq)) == 0,
@@ -388,8 +404,12 @@ static void refusals(void)
     d.Hq = d.Hkv = 8, d.D = 128, d.shares = 4;
     char *text = NULL;
     CHECK_STATUS(sdpa_explain(ctx_of[1], &d, 0, &text), SDPA_OK);
+#if defined(__x86_64__) /* cpu.amx's reason; elsewhere its kernels are not built */
     CHECK(text && strstr(text, "(a share of 4)") && strstr(text, "cpu.amx") &&
               strstr(text, "sdpa_forward_share) not supported"),
+#else
+    CHECK(text && strstr(text, "(a share of 4)"),
+#endif
           "explain of a share: %s", text ? text : "(null)");
     sdpa_free(text);
     tl_output_free(&o), tl_problem_free(&p);

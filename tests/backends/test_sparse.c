@@ -231,7 +231,7 @@ static void one_case(const tl_case *c, const sdpa_block_map *m, const sdpa_windo
         for (int i = 0; i < sdpa_backend_count(ctx); i++)
             if (sdpa_backend_get(ctx, i, &info) == SDPA_OK && strcmp(info.name, backends[bi]) == 0)
                 break;
-        sdpa_call_desc dd = {SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
+        sdpa_call_desc dd = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
                              c->causal, 1, 0, backends[bi], NULL, NULL, 0, 0, 0, 0};
         dd.mask = (x->lens ? SDPA_MASK_KIND_SEQ_LEN : 0) | (x->key ? SDPA_MASK_KIND_KEY : 0) |
                   (m ? SDPA_MASK_KIND_BLOCKS : 0) | (w ? SDPA_MASK_KIND_WINDOW : 0);
@@ -555,7 +555,7 @@ static void bad_maps(void)
 /* Explain and rules know the kinds. */
 static void dispatch(void)
 {
-    sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_F32, 1, 4096, 4096, 2, 2, 64, SDPA_CAUSAL_NONE, 0,
+    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 4096, 4096, 2, 2, 64, SDPA_CAUSAL_NONE, 0,
                         0, NULL, NULL, NULL, SDPA_MASK_KIND_BLOCKS, 0, 0, 0};
     char *text;
     CHECK_STATUS(sdpa_explain(ctx, &d, 1, &text), SDPA_OK);
@@ -563,22 +563,30 @@ static void dispatch(void)
     CHECK(strstr(text, "cpu.portable") == NULL || strstr(text, "blocks mask not supported"),
           "explain says why a backend without maps is passed over: %s", text);
     sdpa_free(text);
-    /* the rule for sparse calls, whatever the CPU: the tiled kernels first */
+    /* the rule for sparse calls, whatever the x86-64 CPU: the tiled kernels
+     * first (AArch64 has one rule for every call) */
+#if defined(__aarch64__)
+    const char *rule = "cpu-aarch64";
+#else
+    const char *rule = "cpu-sparse";
+#endif
     sdpa_decision dec;
     CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
-    CHECK(strcmp(dec.rule, "cpu-sparse") == 0, "f32 block map: rule %s, expected cpu-sparse",
-          dec.rule);
+    CHECK(strcmp(dec.rule, rule) == 0, "f32 block map: rule %s, expected %s", dec.rule, rule);
     d.mask = SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_SEQ_LEN;
     CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
-    CHECK(strcmp(dec.rule, "cpu-sparse") == 0, "f32 window with lengths: rule %s", dec.rule);
+    CHECK(strcmp(dec.rule, rule) == 0, "f32 window with lengths: rule %s", dec.rule);
 }
 
-int main(void)
+/* usage: test_sparse [backend ...]   (default: every present CPU backend but ref) */
+int main(int argc, char **argv)
 {
     tl_seed_from_env();
     quick = getenv("SDPA_TEST_QUICK") != NULL;
     ctx = tl_context(NULL);
-    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+    for (int i = 1; i < argc && n_backends < (int)(sizeof backends / sizeof *backends); i++)
+        snprintf(backends[n_backends++], sizeof backends[0], "%s", argv[i]);
+    for (int i = 0; i < sdpa_backend_count(ctx) && argc == 1; i++) {
         sdpa_backend_info b;
         if (sdpa_backend_get(ctx, i, &b) == SDPA_OK && b.present && b.device == SDPA_DEVICE_CPU &&
             strcmp(b.name, "ref") != 0)

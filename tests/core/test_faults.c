@@ -238,7 +238,7 @@ static int backward_faults(const char *backend)
 
 static sdpa_status explain(void *arg)
 {
-    sdpa_call_desc d = {SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
+    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
                         1, 0, NULL, NULL, NULL, 0, 0, 0, 0};
     char *text = NULL;
     sdpa_status st = sdpa_explain(arg, &d, 1, &text);

@@ -18,6 +18,7 @@
 
 #include <string.h>
 
+#if defined(__x86_64__) /* CPUID and XCR0 are x86-64 matters */
 /* ---- a described CPU */
 
 static unsigned fake_leaf1_ecx, fake_leaf7_ebx, fake_leaf7_edx, fake_leaf71_eax;
@@ -195,10 +196,40 @@ static void refusal_falls_back(void)
     sdpa_context_destroy(ctx);
 }
 
+#endif
+
+#if defined(__aarch64__)
+/* On AArch64: NEON is the baseline, nothing to probe. */
+static void aarch64_detection(void)
+{
+    sdpa_platform p;
+    CHECK_STATUS(sdpa_platform_detect(&p), SDPA_OK);
+    CHECK(p.cpu_features == SDPA_CPU_NEON && p.cpu_features_present == SDPA_CPU_NEON,
+          "aarch64: features 0x%x, present 0x%x, expected NEON only", p.cpu_features,
+          p.cpu_features_present);
+    CHECK(strcmp(p.cpu_arch, "aarch64") == 0, "arch '%s'", p.cpu_arch);
+}
+#endif
+
 int main(void)
 {
     tl_seed_from_env();
+#if defined(__x86_64__)
     detection();
     refusal_falls_back();
+#else
+    tl_skip("CPUID detection and the AMX refusal", "x86-64 only; this build is for another "
+                                                   "architecture");
+#if defined(__aarch64__)
+    aarch64_detection();
+#endif
+#endif
+    /* every build: a described CPU takes the architecture of its features */
+    sdpa_platform d;
+    CHECK_STATUS(sdpa_platform_parse("cpu:features=neon", &d), SDPA_OK);
+    CHECK(strcmp(d.cpu_arch, "aarch64") == 0 && d.cpu_features == SDPA_CPU_NEON,
+          "cpu:features=neon: arch '%s', features 0x%x", d.cpu_arch, d.cpu_features);
+    CHECK_STATUS(sdpa_platform_parse("cpu:features=avx2+avx512", &d), SDPA_OK);
+    CHECK(strcmp(d.cpu_arch, "x86_64") == 0, "cpu:features=avx2+avx512: arch '%s'", d.cpu_arch);
     return tl_finish();
 }

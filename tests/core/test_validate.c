@@ -3,6 +3,7 @@
  * message naming the argument, nothing crashes, nothing is written.
  */
 #include "support/testlib.h"
+#include "core/core.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -53,6 +54,71 @@ static void expect_invalid(const char *what, call c, const char *needle, int nul
     st = sdpa_layer_forward(layer, null_q ? NULL : &c.q, &c.k, &c.v, &c.o, c.lse, &c.p);
     CHECK(st == SDPA_INVALID_ARGUMENT, "%s (layer): status %s", what, sdpa_status_string(st));
     sdpa_layer_destroy(layer);
+}
+
+/* Structs that grow by addition: the size member is what the library reads
+ * by (sdpa.h: growing by addition; scripts/abi-check.sh runs old binaries). */
+typedef struct grown {
+    size_t size;
+    int a, b;
+    int64_t added; /* a field "added after the base layout" */
+} grown;
+
+static void test_growth(void)
+{
+    /* sdpa__struct_in: an older caller's smaller struct is copied, the rest 0 */
+    const size_t base = offsetof(grown, added);
+    grown old = {base, 1, 2, 0x7777}, local, *r;
+    memset(&local, 0x5A, sizeof local);
+    r = (grown *)sdpa__struct_in(&old, base, sizeof(grown), &local, "old");
+    CHECK(r == &local && r->a == 1 && r->b == 2 && r->added == 0,
+          "an older struct: read at %p (local %p), a %d b %d added %lld", (void *)r,
+          (void *)&local, r ? r->a : -1, r ? r->b : -1, r ? (long long)r->added : -1);
+    grown cur = {sizeof(grown), 3, 4, 5};
+    CHECK(sdpa__struct_in(&cur, base, sizeof(grown), &local, "cur") == &cur,
+          "the current layout is read in place");
+    grown zero = {0, 6, 7, 8};
+    r = (grown *)sdpa__struct_in(&zero, base, sizeof(grown), &local, "zero");
+    CHECK(r == &local && r->a == 6 && r->b == 7 && r->added == 0,
+          "size 0 is the base layout: read no further than it");
+    CHECK(sdpa__struct_in(&zero, sizeof(grown), sizeof(grown), &local, "zero") == &zero,
+          "size 0 when the base layout is this build's: read in place");
+    grown newer = {sizeof(grown) + 8, 0, 0, 0};
+    CHECK(sdpa__struct_in(&newer, base, sizeof(grown), &local, "newer") == NULL &&
+              strstr(sdpa_last_error(), "newer->size is"),
+          "a newer caller's size: %s", sdpa_last_error());
+
+    /* through the API: bad sizes are refused naming the member, nothing written */
+    call c = good();
+    c.p.size = sizeof(sdpa_params) + 16;
+    expect_invalid("params from a newer header", c, "params->size is", 0);
+    c = good(), c.p.size = 4;
+    expect_invalid("params too small", c, "params->size is 4", 0);
+    c = good(), c.p.size = 0; /* memset or designated: the 0.2.0 layout */
+    CHECK_STATUS(sdpa_forward(ctx, &c.q, &c.k, &c.v, &c.o, c.lse, &c.p), SDPA_OK);
+    sdpa_mask m = SDPA_MASK_DEFAULT;
+    m.size = 3;
+    c = good(), c.p.mask = &m;
+    expect_invalid("mask too small", c, "params->mask->size is 3", 0);
+    sdpa_call_desc d = SDPA_CALL_DESC_DEFAULT;
+    d.B = 1, d.Sq = d.Skv = 64, d.Hq = d.Hkv = 2, d.D = 64;
+    sdpa_decision dec;
+    CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
+    d.size = sizeof d + 8;
+    CHECK(sdpa_decide(ctx, &d, &dec) == SDPA_INVALID_ARGUMENT &&
+              strstr(sdpa_last_error(), "desc->size is"),
+          "decide, newer desc: %s", sdpa_last_error());
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.size = 1;
+    sdpa_context *bad = NULL;
+    CHECK(sdpa_context_create(&o, &bad) == SDPA_INVALID_ARGUMENT && !bad &&
+              strstr(sdpa_last_error(), "opts->size is 1"),
+          "context options of size 1: %s", sdpa_last_error());
+    sdpa_layer_desc ld = SDPA_LAYER_DESC_DEFAULT;
+    ld.size = sizeof ld * 2;
+    sdpa_layer *layer = NULL;
+    CHECK(sdpa_layer_create(ctx, &ld, &layer) == SDPA_INVALID_ARGUMENT && !layer,
+          "layer desc from a newer header: %s", sdpa_last_error());
 }
 
 /* sdpa_tensor_from_bytes: ggml's innermost-first ne/nb, any axis order */
@@ -118,6 +184,7 @@ int main(void)
 
     call c = good();
     CHECK_STATUS(sdpa_forward(ctx, &c.q, &c.k, &c.v, &c.o, c.lse, &c.p), SDPA_OK);
+    test_growth();
 
     expect_invalid("NULL q", good(), "q is NULL", 1);
     c = good(), c.k.data = NULL;

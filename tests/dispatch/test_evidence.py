@@ -10,7 +10,7 @@ and states each figure as a `claim` this script recomputes from that file:
   claim ratio A/B LO-HI ROWS...   median time of B / median time of A, the
                                   speed-up of A over B, over the rows selected
   claim gflops A LO-HI ROWS...    A's GFLOP/s column over the rows selected
-  claim ceiling fp32|avx512-bf16 N  the ceiling the run measured (its header)
+  claim ceiling fp32|avx512bf16|amx-bf16 N  the ceiling the run measured (its header)
 
 ROWS: Skv>=N, Skv<N, D=N, self (Sq == Skv), cross (Sq != Skv), row=NAME;
 none means every row. LO-HI (or one value) must equal the computed minimum
@@ -67,7 +67,7 @@ def peers_rows(path):
         m = re.match(r"# ceiling: fp32 FMA (\d+) GFLOP/s; VDPBF16PS (\d+|none)(?: GFLOP/s)?"
                      r"(?:; TDPBF16PS (\d+|none))?", line)
         if m:
-            for what, v in (("fp32", m[1]), ("avx512-bf16", m[2]), ("amx-bf16", m[3])):
+            for what, v in (("fp32", m[1]), ("avx512bf16", m[2]), ("amx-bf16", m[3])):
                 if v and v != "none":
                     ceilings[what] = v
         if line.startswith("#") or line.startswith("row "):
@@ -103,7 +103,7 @@ def bench_rows(path):
     for line in open(path):
         m = re.match(r"# ceiling: (fp32 FMA|AVX512-BF16|AMX bf16) peak (\d+) GFLOP/s", line)
         if m:
-            ceilings[{"fp32 FMA": "fp32", "AVX512-BF16": "avx512-bf16",
+            ceilings[{"fp32 FMA": "fp32", "AVX512-BF16": "avx512bf16",
                       "AMX bf16": "amx-bf16"}[m[1]]] = m[2]
         if line.startswith("#") or line.startswith("row ") or line[:1].isspace():
             continue  # headers, and indented notes under a row (a sparse row's dense call)

@@ -465,7 +465,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                         vmax = x;
                 }
 
-    sdpa_call_desc desc = {.device = SDPA_DEVICE_CPU, .dtype = dt, .B = B, .Sq = Sq, .Skv = Skv,
+    sdpa_call_desc desc = {.size = sizeof(sdpa_call_desc),
+
+                           .device = SDPA_DEVICE_CPU, .dtype = dt, .B = B, .Sq = Sq, .Skv = Skv,
                            .Hq = Hq, .Hkv = Hkv, .D = D, .causal = causal, .want_lse = want_lse};
     desc.mask = (m.seq_len_q || m.seq_len_kv ? SDPA_MASK_KIND_SEQ_LEN : 0) |
                 (m.key ? SDPA_MASK_KIND_KEY : 0) | (m.general ? SDPA_MASK_KIND_GENERAL : 0) |

@@ -36,7 +36,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (pol) {
         sdpa_platform p;
         sdpa_platform_parse("cuda:sm_100", &p);
-        sdpa_call_desc d = {.device = SDPA_DEVICE_CUDA, .dtype = SDPA_BF16, .B = 1, .Sq = 4096,
+        sdpa_call_desc d = {.size = sizeof(sdpa_call_desc),
+                            .device = SDPA_DEVICE_CUDA, .dtype = SDPA_BF16, .B = 1, .Sq = 4096,
                             .Skv = 4096, .Hq = 24, .Hkv = 24, .D = 128, .component = "transformer"};
         for (int i = 0; i < pol->n; i++)
             (void)sdpa__rule_matches(&pol->rules[i], &p, &d);

@@ -676,16 +676,16 @@ check(r.returncode == 2 and "--shape" in r.stderr, f"explain bad shape: {r.stder
 r = sdpa("explain", "--shape", "1,8,8,4,4,64", "--platform", "tpu:v5")
 check(r.returncode != 0 and "platform" in r.stderr, f"explain bad platform: {r.stderr!r}")
 
-# ---- the environment: one table, printed by `sdpa help`, the README's table
+# ---- the environment: one table, printed by `sdpa help`, docs/rules.md's table
 # naming the same variables; every value validated when a context is made
 repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 r = sdpa("help")
 helped = re.findall(r"^  ((?:SDPA_|XDG_CONFIG_HOME|HOME)\S*)\s", r.stdout + r.stderr, re.M)
-readme = open(os.path.join(repo, "README.md")).read()
-env_table = readme[readme.index("## Environment variables"):readme.index("## Backends")]
+readme = open(os.path.join(repo, "docs", "rules.md")).read()
+env_table = readme[readme.index("## Environment variables"):]
 in_readme = re.findall(r"^\| `([A-Z_]+)` \|", env_table, re.M)
 check(len(helped) >= 11 and helped == in_readme,
-      f"sdpa help's variables {helped} != the README table's {in_readme}")
+      f"sdpa help's variables {helped} != docs/rules.md's {in_readme}")
 for var, bad in (("SDPA_CUDA_FLASH_VARIANT", "2"), ("SDPA_LOG", "loud"), ("SDPA_MAX_ISA", "sse9"),
                  ("SDPA_POLICY_FOREIGN", "maybe"), ("SDPA_BACKEND", "cpu.nope")):
     r = sdpa("info", env={var: bad})

@@ -7,6 +7,8 @@
  */
 #include "../cpu_backend.h"
 
+double sdpa__probe_amx_bf16(int64_t iters);
+
 sdpa_status sdpa__cpu_amx_run(const sdpa_backend *self, const sdpa_call *call);
 int sdpa__cpu_amx_selftest(void);
 
@@ -15,7 +17,7 @@ static int amx_present(const sdpa_backend *self, const sdpa_platform *host, char
 {
     if (!sdpa__cpu_backend_present(self, host, why, n))
         return 0;
-#ifdef SDPA_HAVE_X86_KERNELS
+#if SDPA_KERNELS_BUILT
     if (!sdpa__cpu_amx_selftest()) {
         sdpa__strlcpy(why, "not usable here: the AMX self-test (one TDPBF16PS tile against its "
                            "definition) failed", n);
@@ -39,8 +41,11 @@ const sdpa_backend sdpa__backend_cpu_amx = {
              .cpu_features = SDPA_CPU_AMX_BF16 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16,
              .product_bits = 8},
     .fallback_rank = 40,
-    .version = SDPA_X86_VERSION,
+    .version = SDPA_CPU_VERSION,
     .present = amx_present,
-    .run = SDPA_X86_KERNEL(sdpa__cpu_amx_run),
-    .not_built = SDPA_X86_NOT_BUILT,
+    .run = SDPA_CPU_KERNEL(sdpa__cpu_amx_run),
+    .not_built = SDPA_CPU_NOT_BUILT,
+    .probe = SDPA_CPU_PROBE(sdpa__probe_amx_bf16),
+    .probe_unit = SDPA_CPU_AMX_BF16,
+    .probe_max_iters = 1000000, /* a TDPBF16PS round is 16 x 16 x 32 multiply-adds per tile */
 };

@@ -5,6 +5,8 @@
  */
 #include "../cpu_backend.h"
 
+double sdpa__probe_fma_avx2(int64_t iters);
+
 sdpa_status sdpa__cpu_avx2_run(const sdpa_backend *self, const sdpa_call *call);
 sdpa_status sdpa__cpu_avx2_backward(const sdpa_backend *self, const sdpa_call *call);
 
@@ -21,9 +23,10 @@ const sdpa_backend sdpa__backend_cpu_avx2 = {
                       SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS,
              .backward = 1},
     .fallback_rank = 20,
-    .version = SDPA_X86_VERSION,
+    .version = SDPA_CPU_VERSION,
     .present = sdpa__cpu_backend_present,
-    .run = SDPA_X86_KERNEL(sdpa__cpu_avx2_run),
-    .backward = SDPA_X86_KERNEL(sdpa__cpu_avx2_backward),
-    .not_built = SDPA_X86_NOT_BUILT,
+    .run = SDPA_CPU_KERNEL(sdpa__cpu_avx2_run),
+    .backward = SDPA_CPU_KERNEL(sdpa__cpu_avx2_backward),
+    .not_built = SDPA_CPU_NOT_BUILT,
+    .probe = SDPA_CPU_PROBE(sdpa__probe_fma_avx2),
 };

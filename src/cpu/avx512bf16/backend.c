@@ -5,6 +5,8 @@
  */
 #include "../cpu_backend.h"
 
+double sdpa__probe_dpbf16_avx512(int64_t iters);
+
 sdpa_status sdpa__cpu_avx512bf16_run(const sdpa_backend *self, const sdpa_call *call);
 
 const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
@@ -18,8 +20,10 @@ const sdpa_backend sdpa__backend_cpu_avx512bf16 = {
              .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
                       SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS},
     .fallback_rank = 35,
-    .version = SDPA_X86_VERSION,
+    .version = SDPA_CPU_VERSION,
     .present = sdpa__cpu_backend_present,
-    .run = SDPA_X86_KERNEL(sdpa__cpu_avx512bf16_run),
-    .not_built = SDPA_X86_NOT_BUILT,
+    .run = SDPA_CPU_KERNEL(sdpa__cpu_avx512bf16_run),
+    .not_built = SDPA_CPU_NOT_BUILT,
+    .probe = SDPA_CPU_PROBE(sdpa__probe_dpbf16_avx512),
+    .probe_unit = SDPA_CPU_AVX512BF16,
 };

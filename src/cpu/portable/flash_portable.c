@@ -286,7 +286,9 @@ static void portable_task(void *arg, int64_t task, int worker)
         sdpa__store_result(c, b, i0 + r, h, w->o + (size_t)r * Dp, w->m[r], w->l[r], 0);
 }
 
-static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
+/* The descriptor (backend.c) reaches the kernel through this. */
+sdpa_status sdpa__cpu_portable_run(const sdpa_backend *self, const sdpa_call *c);
+sdpa_status sdpa__cpu_portable_run(const sdpa_backend *self, const sdpa_call *c)
 {
     if (decode_applies(c)) /* few queries per head */
         return decode_run(self, c);
@@ -320,22 +322,3 @@ static sdpa_status portable_run(const sdpa_backend *self, const sdpa_call *c)
     sdpa__scratch_release(mem);
     return SDPA_OK;
 }
-
-sdpa_status sdpa__cpu_portable_backward(const sdpa_backend *self, const sdpa_call *call);
-
-const sdpa_backend sdpa__backend_cpu_portable = {
-    .name = "cpu.portable",
-    .summary = "tiled online-softmax attention in portable C11, f32 accumulation",
-    .device = SDPA_DEVICE_CPU,
-    .caps = {.shares = 1, .mixed_dtypes = 1, .dtypes = SDPA_DTYPE_BIT(SDPA_F32) | SDPA_DTYPE_BIT(SDPA_F16) |
-                       SDPA_DTYPE_BIT(SDPA_BF16),
-             .d_min = 1, .d_max = 1024, .d_multiple = 1, .gqa = 1, .cross = 1,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
-                      SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS,
-             .causal_top_left = 1, .causal_bottom_right = 1, .lse = 1, .deterministic = 1,
-             .backward = 1},
-    .fallback_rank = 10,
-    .version = SDPA_VERSION_STRING,
-    .run = portable_run,
-    .backward = sdpa__cpu_portable_backward, /* backward_portable.c */
-};

@@ -1,5 +1,5 @@
 /*
- * sdpa.c - the command-line tool's entry point: the command table and the
+ * main.c - the command-line tool's entry point: the command table and the
  * usage of every command. Each command lives in its own file (commands.h).
  *
  * Errors are one line on stderr and a non-zero exit: 2 for bad usage, 1
