@@ -61,6 +61,12 @@ static inline vec v_sub(vec a, vec b)
         a.x[i] -= b.x[i];
     return a;
 }
+static inline vec v_max(vec a, vec b) /* NaN in either stays NaN, as the ISA kernels' order keeps it */
+{
+    for (int i = 0; i < VL; i++)
+        a.x[i] = a.x[i] != a.x[i] || a.x[i] > b.x[i] ? a.x[i] : b.x[i];
+    return a;
+}
 static inline vec v_exp(vec a)
 {
     for (int i = 0; i < VL; i++)
@@ -75,6 +81,13 @@ static inline vec v_load_part(const float *p, int n)
     for (int i = 0; i < VL; i++)
         r.x[i] = i < n ? p[i] : 0.0f;
     return r;
+}
+
+/* Into the first n floats of p (nothing past them is written). */
+static inline void v_store_part(float *p, vec a, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = a.x[i];
 }
 
 /* r[i] lane j becomes r[j] lane i. */
@@ -92,6 +105,8 @@ static inline void v_transpose(vec r[VL])
 #define V_LOAD_PART(p, n) v_load_part((p), (n))
 #define V_TRANSPOSE_REGS(r) v_transpose(r)
 #define V_STORE(p, x) v_store((p), (x))
+#define V_STORE_PART(p, x, n) v_store_part((p), (x), (n))
+#define V_MAX(a, b) v_max((a), (b))
 #define V_SET1(x) v_set1(x)
 #define V_ZERO() v_set1(0.0f)
 #define V_FMA(a, b, c) v_fma((a), (b), (c))
