@@ -31,6 +31,19 @@ attribute torch.nn.functional.scaled_dot_product_attention, so it reaches
 every thread but only callers that look the function up there at call
 time (F.scaled_dot_product_attention, as diffusers' processors do), not
 one imported by name beforehand.
+
+FlexAttention too: torch.nn.attention.flex_attention.flex_attention calls
+with a BlockMask (or none) and no score_mod are taken, the BlockMask's
+mask_mod evaluated once per partial block into libsdpa's map (see
+libsdpa.attention's block_mask); return_lse gives libsdpa's LSE (natural
+log, as torch's); kernel_options are torch's kernel tiles and do not
+change the result. Handed back: a score_mod, return_aux, the same tensor
+conditions as above. flex_attention takes no torch function mode, so it
+is reached through its module attribute (how diffusers' "flex" backend
+calls it): while a route_torch_sdpa() context is open on any thread, or
+after enable(), that attribute is libsdpa's wrapper, which routes the
+calls of threads inside a context (or every thread after enable()) and
+passes the others to torch's function unchanged.
 """
 import collections
 import threading
@@ -40,9 +53,18 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import libsdpa
+import libsdpa.sparse
 
 _ORIGINAL = torch.nn.functional.scaled_dot_product_attention
+try:
+    import torch.nn.attention.flex_attention as _flex_module
+    _FLEX_ORIGINAL = _flex_module.flex_attention
+except ImportError:  # a torch without FlexAttention
+    _flex_module = _FLEX_ORIGINAL = None
 _lock = threading.Lock()
+_thread = threading.local()  # .depth: route_torch_sdpa() contexts open on this thread
+_open_contexts = 0           # on every thread
+_flex_everywhere = False     # enable()
 _taken = collections.Counter()      # backend -> calls
 _handed_back = collections.Counter()  # reason -> calls
 _warned = set()
@@ -132,6 +154,68 @@ def _route(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     return out.squeeze(1) if three else out
 
 
+def _route_flex(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+                return_lse=False, kernel_options=None, return_aux=None):
+    """libsdpa's result for torch's flex_attention call, or None (handed back)."""
+    if score_mod is not None:
+        return _hand_back("flex_attention with a score_mod (libsdpa has no score modification; "
+                          "block_mask and its mask_mod are taken)")
+    if return_aux is not None:
+        return _hand_back("flex_attention with return_aux")
+    if not (_plain(q) and _plain(k) and _plain(v)):
+        return _hand_back("q, k or v is not a plain tensor (a subclass, or not a tensor)")
+    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+        return _hand_back(f"tensors on {q.device.type} (libsdpa routes CPU tensors; its CUDA "
+                          "plugin has not run on a GPU)")
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return _hand_back(f"dtype {q.dtype}/{k.dtype}/{v.dtype} (libsdpa takes one of float32, "
+                          "float16, bfloat16 for all three)")
+    if not (q.dim() == k.dim() == v.dim() == 4) or min(q.shape) == 0 or min(k.shape) == 0:
+        return _hand_back("flex_attention inputs that are not non-empty [B, H, S, D]")
+    if v.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]:
+        return _hand_back("value head dim differs from the query's")
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
+        return _hand_back("batch or key shapes that torch broadcasts or refuses")
+    if q.shape[1] != k.shape[1] and (not enable_gqa or q.shape[1] % k.shape[1]):
+        return _hand_back("different head counts without enable_gqa (torch decides)")
+    if block_mask is not None and not isinstance(block_mask, _flex_module.BlockMask):
+        return _hand_back(f"block_mask of type {type(block_mask).__name__}")
+    try:
+        out = libsdpa.sparse.flex_attention(q, k, v, block_mask=block_mask, scale=scale,
+                                            enable_gqa=bool(enable_gqa),
+                                            return_lse=bool(return_lse))
+    except (libsdpa.OutOfMemoryError, libsdpa.DeviceError):
+        raise
+    except libsdpa.Error as e:
+        return _hand_back(f"libsdpa refused it: {type(e).__name__}: {e}")
+    with _lock:
+        _taken[libsdpa.last_backend() or "?"] += 1
+    return tuple(out) if return_lse else out
+
+
+def _flex(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False,
+          return_lse=False, kernel_options=None, **kwargs):
+    """torch's flex_attention signature: what the module attribute is while
+    routing may apply; routes this thread's calls inside a context, every
+    thread's after enable(), and passes the rest to torch unchanged."""
+    if _flex_everywhere or getattr(_thread, "depth", 0):
+        out = _route_flex(query, key, value, score_mod, block_mask, scale, enable_gqa,
+                          return_lse, kernel_options, kwargs.get("return_aux"))
+        if out is not None:
+            return out
+    return _FLEX_ORIGINAL(query, key, value, score_mod=score_mod, block_mask=block_mask,
+                          scale=scale, enable_gqa=enable_gqa, return_lse=return_lse,
+                          kernel_options=kernel_options, **kwargs)
+
+
+def _flex_install():
+    """The wrapper in place while any context is open or enable() holds
+    (called with _lock held)."""
+    if _flex_module is not None:
+        _flex_module.flex_attention = (_flex if _open_contexts or _flex_everywhere
+                                       else _FLEX_ORIGINAL)
+
+
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     """torch's signature; what enable() installs."""
@@ -159,22 +243,41 @@ class route_torch_sdpa:
     module's docstring); the rest to torch, counted. Nests."""
 
     def __enter__(self):
+        global _open_contexts
         self._mode = _Mode()
         self._mode.__enter__()
+        _thread.depth = getattr(_thread, "depth", 0) + 1
+        with _lock:
+            _open_contexts += 1
+            _flex_install()
         return self
 
     def __exit__(self, *exc):
+        global _open_contexts
+        _thread.depth -= 1
+        with _lock:
+            _open_contexts -= 1
+            _flex_install()
         return self._mode.__exit__(*exc)
 
 
 def enable():
     """Route every call through torch.nn.functional.scaled_dot_product_attention
-    (all threads), until disable()."""
+    and torch.nn.attention.flex_attention.flex_attention (all threads), until
+    disable()."""
+    global _flex_everywhere
     torch.nn.functional.scaled_dot_product_attention = _sdpa
+    with _lock:
+        _flex_everywhere = True
+        _flex_install()
 
 
 def disable():
+    global _flex_everywhere
     torch.nn.functional.scaled_dot_product_attention = _ORIGINAL
+    with _lock:
+        _flex_everywhere = False
+        _flex_install()
 
 
 def enabled():

@@ -147,3 +147,86 @@ def test_sd3_transformer_from_config_matches_native():
                   encoder_hidden_states=torch.randn(2, 12, 32),
                   pooled_projections=torch.randn(2, 32), timestep=torch.tensor([1, 900]))
     assert _compare(model, inputs, 1e-5) >= 2
+
+
+# ---- FlexAttention: flex_attention calls with a BlockMask and no score_mod
+
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def _sliding(b, h, q, kv):
+    return (q - kv).abs() <= 70
+
+
+def _causal(b, h, q, kv):
+    return q >= kv
+
+
+@pytest.mark.parametrize("mask_mod,H,Hkv", [(_sliding, 2, 2), (_causal, 4, 2), (None, 2, 1)])
+def test_flex_attention_taken_with_torchs_result(mask_mod, H, Hkv):
+    S, D = 300, 32
+    q, k, v = torch.randn(2, H, S, D), torch.randn(2, Hkv, S, D), torch.randn(2, Hkv, S, D)
+    bm = None if mask_mod is None else flex.create_block_mask(mask_mod, None, None, S, S,
+                                                              device="cpu", BLOCK_SIZE=128)
+    gqa = H != Hkv
+    want, want_lse = flex.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, return_lse=True)
+    with libsdpa.route_torch_sdpa():
+        # called as diffusers' "flex" backend calls it: through the module,
+        # with torch's kernel tiles in kernel_options
+        got = flex.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa,
+                                  kernel_options={"BLOCK_M": 64})
+        got2, lse = flex.flex_attention(q, k, v, block_mask=bm, enable_gqa=gqa, return_lse=True)
+    assert flex.flex_attention is torch_route._FLEX_ORIGINAL  # the wrapper left with the context
+    s = torch_route.stats()
+    assert s["taken"] == 2 and s["handed_back"] == 0, s
+    assert (got - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
+    assert torch.equal(got, got2)
+    assert (lse - want_lse).abs().max().item() <= 2e-5 * max(1.0, want_lse.abs().max().item())
+
+
+def test_flex_attention_handed_back_and_threads():
+    S = 256
+    q = torch.randn(1, 2, S, 32)
+    bm = flex.create_block_mask(_causal, None, None, S, S, device="cpu")
+
+    def bias(score, b, h, i, j):
+        return score + (i - j) * 0.01
+
+    want = flex.flex_attention(q, q, q, score_mod=bias)
+    with libsdpa.route_torch_sdpa():
+        got = flex.flex_attention(q, q, q, score_mod=bias)  # torch's own, counted
+    assert torch.equal(got, want)
+    s = torch_route.stats()
+    assert s["taken"] == 0 and s["handed_back"] == 1 and "score_mod" in next(iter(s["reasons"]))
+    # another thread outside any context keeps torch's function even while
+    # this thread's context is open
+    import threading
+    seen = {}
+    with libsdpa.route_torch_sdpa():
+        t = threading.Thread(target=lambda: seen.update(out=flex.flex_attention(q, q, q,
+                                                                                block_mask=bm)))
+        t.start()
+        t.join()
+    assert torch_route.stats()["taken"] == 0
+    torch_route.enable()  # every thread
+    try:
+        flex.flex_attention(q, q, q, block_mask=bm)
+    finally:
+        torch_route.disable()
+    assert torch_route.stats()["taken"] == 1
+    assert flex.flex_attention is torch_route._FLEX_ORIGINAL
+
+
+def test_diffusers_flex_backend_reaches_libsdpa():
+    """diffusers' own "flex" attention backend, with a BlockMask as the
+    attention mask, computes through libsdpa under the routing."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    B, S, H, D = 1, 256, 2, 32
+    q, k, v = (torch.randn(B, S, H, D) for _ in range(3))  # diffusers' [B, S, H, D]
+    bm = flex.create_block_mask(_sliding, None, None, S, S, device="cpu", BLOCK_SIZE=128)
+    want = dispatch_attention_fn(q, k, v, attn_mask=bm, backend="flex")
+    with libsdpa.route_torch_sdpa():
+        got = dispatch_attention_fn(q, k, v, attn_mask=bm, backend="flex")
+    s = torch_route.stats()
+    assert s["taken"] == 1 and s["handed_back"] == 0, s
+    assert (got - want).abs().max().item() <= 2e-5 * max(1.0, want.abs().max().item())
