@@ -399,8 +399,11 @@ static void write_rule(const tuner *tu, const shapes *sh, klass *k, int n_rule, 
                     self ? "S" : "queries", txt[1], self ? "" : ", keys ", self ? "" : txt[2],
                     dset, txt[0], txt[3], gqa ? " (grouped-query)" : "",
                     d->causal ? ", causal" : "", d->mask ? ", padded keys" : "");
-    sdpa__sb_printf(sb, "device      cpu\ndtype       %s\ncausal      %s\nmask        %s\n",
-                    sdpa_dtype_name(d->dtype), sdpa_causal_name(d->causal), mask);
+    /* arch: measured on this architecture, never deciding for another */
+    sdpa__sb_printf(sb, "device      cpu\narch        %s\ndtype       %s\ncausal      %s\n"
+                        "mask        %s\n",
+                    tu->ctx->host.cpu_arch, sdpa_dtype_name(d->dtype), sdpa_causal_name(d->causal),
+                    mask);
     sdpa__sb_printf(sb, "same_seq    %s\nsame_heads  %s\n", self ? "yes" : "no",
                     gqa ? "no" : "yes");
     static const char *keys[5] = {"B", "Sq", "Skv", "Hq", "Hkv"};
