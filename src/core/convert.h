@@ -15,6 +15,10 @@
 #include <immintrin.h>
 #endif
 
+/* Bytes of one element of a validated tensor: sdpa_dtype_size (tensor.c)
+ * without the call, on the kernels' row stores (and no include circle). */
+static inline int64_t sdpa__elem_bytes(sdpa_dtype t) { return t == SDPA_F32 ? 4 : 2; }
+
 static inline float sdpa__load_f32(const void *base, sdpa_dtype t, int64_t i)
 {
     switch (t) {
@@ -148,7 +152,7 @@ static inline void sdpa__store_result(const sdpa_call *c, int64_t b, int64_t i, 
 {
     sdpa_tensor *out = c->out;
     void *dst = (char *)out->data +
-                sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype);
+                sdpa__offset(out, b, i, h, 0) * sdpa__elem_bytes(out->dtype);
     sdpa__store_row(dst, out->dtype, out->stride[3], c->desc.D, sdpa__result_mul(l, normalised),
                     row);
     sdpa__store_lse(c, b, i, h, m, l);
@@ -157,7 +161,7 @@ static inline void sdpa__store_result(const sdpa_call *c, int64_t b, int64_t i, 
 /* Element pointer arithmetic in bytes. */
 static inline const void *sdpa__elem(const sdpa_tensor *t, int64_t off)
 {
-    return (const char *)t->data + off * (int64_t)sdpa_dtype_size(t->dtype);
+    return (const char *)t->data + off * sdpa__elem_bytes(t->dtype);
 }
 
 #endif
