@@ -6,8 +6,9 @@
 #
 # What runs (about 5 minutes on 2 cores; emulation is 10-30x slower than
 # native, and gives no timing worth quoting):
-#   the dispatcher, policy, platform, merge, faults, soak, tune and stats
-#   tests as they are (on AArch64: NEON detected, the aarch64 rules decide);
+#   the dispatcher, policy, platform, merge, faults, soak and stats tests as
+#   they are (on AArch64: NEON detected, the aarch64 rules decide; test_tune,
+#   scripted backends only, is left to the native builds: 40 s here);
 #   test_grid and test_masks for cpu.neon, every case kind (SDPA_TEST_QUICK:
 #   test_grid's reduced case list, still every kind);
 #   test_sparse, test_backward and test_shares in their quick mode (a few
@@ -38,7 +39,7 @@ qemu=(qemu-aarch64-static -L /usr/aarch64-linux-gnu)
 export SDPA_WISDOM=none SDPA_TEST_QUICK=1
 cd "$dir"
 ctest --output-on-failure -j"$jobs" \
-  -R "^(test_half|test_validate|test_platform|test_merge|test_policy|test_dispatch|test_guard|test_faults|test_soak|test_stats|test_tune|test_image)$"
+  -R "^(test_half|test_validate|test_platform|test_merge|test_policy|test_dispatch|test_guard|test_faults|test_soak|test_stats|test_image)$"
 # the kernels, cpu.neon named: ref and cpu.portable run natively elsewhere
 for t in test_grid test_sparse test_backward test_shares; do
   echo "== $t cpu.neon (qemu)"
