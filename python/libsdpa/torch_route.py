@@ -93,21 +93,37 @@ def _plain(x):
     return type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
+def _kind_reason(q, k, v):
+    """Why q, k, v are not plain dense tensors, or None."""
+    if not (_plain(q) and _plain(k) and _plain(v)):
+        return "q, k or v is not a plain tensor (a subclass, or not a tensor)"
+    if q.is_nested or k.is_nested or v.is_nested:
+        return "nested tensors"
+    return None
+
+
+def _place_reason(q, k, v):
+    """Why libsdpa does not take q, k, v's device or dtypes, or None."""
+    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
+        return (f"tensors on {q.device.type} (libsdpa routes CPU tensors; its CUDA plugin has "
+                "not run on a GPU)")
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return (f"dtype {q.dtype}/{k.dtype}/{v.dtype} (libsdpa takes one of float32, float16, "
+                "bfloat16 for all three)")
+    return None
+
+
 def _route(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
            enable_gqa=False):
     """libsdpa's result for torch's call, or None (handed back, counted)."""
-    if not (_plain(q) and _plain(k) and _plain(v)):
-        return _hand_back("q, k or v is not a plain tensor (a subclass, or not a tensor)")
-    if q.is_nested or k.is_nested or v.is_nested:
-        return _hand_back("nested tensors")
+    reason = _kind_reason(q, k, v)
+    if reason:
+        return _hand_back(reason)
     if dropout_p:
         return _hand_back("dropout_p > 0 (libsdpa has no dropout)")
-    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
-        return _hand_back(f"tensors on {q.device.type} (libsdpa routes CPU tensors; its CUDA "
-                          "plugin has not run on a GPU)")
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return _hand_back(f"dtype {q.dtype}/{k.dtype}/{v.dtype} (libsdpa takes one of float32, "
-                          "float16, bfloat16 for all three)")
+    reason = _place_reason(q, k, v)
+    if reason:
+        return _hand_back(reason)
     if not (q.dim() == k.dim() == v.dim() and q.dim() in (3, 4)):
         return _hand_back(f"{q.dim()}-dimensional inputs (libsdpa routes [B, H, S, D] and "
                           "[B, S, D])")
@@ -162,14 +178,9 @@ def _route_flex(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa
                           "block_mask and its mask_mod are taken)")
     if return_aux is not None:
         return _hand_back("flex_attention with return_aux")
-    if not (_plain(q) and _plain(k) and _plain(v)):
-        return _hand_back("q, k or v is not a plain tensor (a subclass, or not a tensor)")
-    if q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu":
-        return _hand_back(f"tensors on {q.device.type} (libsdpa routes CPU tensors; its CUDA "
-                          "plugin has not run on a GPU)")
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return _hand_back(f"dtype {q.dtype}/{k.dtype}/{v.dtype} (libsdpa takes one of float32, "
-                          "float16, bfloat16 for all three)")
+    reason = _kind_reason(q, k, v) or _place_reason(q, k, v)
+    if reason:
+        return _hand_back(reason)
     if not (q.dim() == k.dim() == v.dim() == 4) or min(q.shape) == 0 or min(k.shape) == 0:
         return _hand_back("flex_attention inputs that are not non-empty [B, H, S, D]")
     if v.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]:
