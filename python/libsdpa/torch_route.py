@@ -74,7 +74,7 @@ class RoutingWarning(UserWarning):
     """A call handed back to torch, once per reason."""
 
 
-def _hand_back(reason):
+def _hand_back(reason, frames=0):  # frames: calls between the router and this
     with _lock:
         _handed_back[reason] += 1
         first = reason not in _warned
@@ -82,7 +82,7 @@ def _hand_back(reason):
     if first:
         warnings.warn(f"libsdpa.route_torch_sdpa: a call went to torch's own SDPA: {reason} "
                       "(counted in libsdpa.torch_route.stats(); this reason is not reported "
-                      "again)", RoutingWarning, stacklevel=4)
+                      "again)", RoutingWarning, stacklevel=4 + frames)
     return None
 
 
@@ -111,6 +111,21 @@ def _place_reason(q, k, v):
         return (f"dtype {q.dtype}/{k.dtype}/{v.dtype} (libsdpa takes one of float32, float16, "
                 "bfloat16 for all three)")
     return None
+
+
+def _take(call):
+    """libsdpa's result of call(), counted as taken by the backend that ran
+    it; None (handed back, counted) when libsdpa refuses; out-of-memory and
+    device errors raised."""
+    try:
+        out = call()
+    except (libsdpa.OutOfMemoryError, libsdpa.DeviceError):
+        raise
+    except libsdpa.Error as e:
+        return _hand_back(f"libsdpa refused it: {type(e).__name__}: {e}", frames=1)
+    with _lock:
+        _taken[libsdpa.last_backend() or "?"] += 1
+    return out
 
 
 def _route(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -158,15 +173,11 @@ def _route(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             torch.broadcast_shapes(mask.shape, (q.shape[0], Hq, q.shape[2], k.shape[2]))
         except RuntimeError:
             return _hand_back("attn_mask that does not broadcast to [B, H, Sq, Skv]")
-    try:
-        out = libsdpa.attention(q, k, v, layout="bhsd", is_causal=bool(is_causal), scale=scale,
-                                enable_gqa=True if Hq != Hkv else None, attn_mask=mask)
-    except (libsdpa.OutOfMemoryError, libsdpa.DeviceError):
-        raise
-    except libsdpa.Error as e:
-        return _hand_back(f"libsdpa refused it: {type(e).__name__}: {e}")
-    with _lock:
-        _taken[libsdpa.last_backend() or "?"] += 1
+    out = _take(lambda: libsdpa.attention(q, k, v, layout="bhsd", is_causal=bool(is_causal),
+                                          scale=scale, enable_gqa=True if Hq != Hkv else None,
+                                          attn_mask=mask))
+    if out is None:
+        return None
     return out.squeeze(1) if three else out
 
 
@@ -191,16 +202,11 @@ def _route_flex(q, k, v, score_mod=None, block_mask=None, scale=None, enable_gqa
         return _hand_back("different head counts without enable_gqa (torch decides)")
     if block_mask is not None and not isinstance(block_mask, _flex_module.BlockMask):
         return _hand_back(f"block_mask of type {type(block_mask).__name__}")
-    try:
-        out = libsdpa.sparse.flex_attention(q, k, v, block_mask=block_mask, scale=scale,
-                                            enable_gqa=bool(enable_gqa),
-                                            return_lse=bool(return_lse))
-    except (libsdpa.OutOfMemoryError, libsdpa.DeviceError):
-        raise
-    except libsdpa.Error as e:
-        return _hand_back(f"libsdpa refused it: {type(e).__name__}: {e}")
-    with _lock:
-        _taken[libsdpa.last_backend() or "?"] += 1
+    out = _take(lambda: libsdpa.sparse.flex_attention(q, k, v, block_mask=block_mask,
+                                                      scale=scale, enable_gqa=bool(enable_gqa),
+                                                      return_lse=bool(return_lse)))
+    if out is None:
+        return None
     return tuple(out) if return_lse else out
 
 
