@@ -341,6 +341,29 @@ void sdpa_block_map_free(sdpa_block_map *map);
 double sdpa_block_map_density(const sdpa_block_map *map, int64_t Sq, int64_t Skv);
 
 /*
+ * The part of a call's map that a piece of the call sees, as a map of its
+ * own for a call on that piece alone: query rows [q_first, q_first +
+ * q_count), keys [kv_first, kv_first + kv_count) and query heads
+ * [head_first, head_first + head_count) of a call with Sq queries and Skv
+ * keys. This is how a sequence-parallel rank hands a map to its local
+ * attention (libsdpa_mpi and libsdpa.distributed cut maps this way). The
+ * piece's blocks have the map's sizes, counted from its first row and key.
+ * When q_first and kv_first are multiples of the block sizes, each is one
+ * of the map's blocks, renumbered, its bits copied; otherwise a block of
+ * the piece straddles up to four of the map's and comes out FULL, PARTIAL
+ * with bits, or unlisted by what they show there (a PARTIAL block of a map
+ * without bits counts as visible: the call's causal or window decides
+ * inside, in the piece's call as in the whole). A map that broadcasts one
+ * head stays broadcast. The rows read are validated as sdpa_forward
+ * validates a map. Memory: the piece's listed blocks (and their bits).
+ * Free the result with sdpa_block_map_free.
+ */
+sdpa_status sdpa_block_map_slice(const sdpa_block_map *map, int64_t Sq, int64_t Skv,
+                                 int64_t q_first, int64_t q_count, int64_t kv_first,
+                                 int64_t kv_count, int64_t head_first, int64_t head_count,
+                                 sdpa_block_map **out);
+
+/*
  * Per-call parameters. Start from SDPA_PARAMS_DEFAULT and set what you need.
  *
  *   scale          multiplies Q.K^T; 0 means 1/sqrt(D). Must be finite.

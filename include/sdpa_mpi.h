@@ -101,8 +101,17 @@ int sdpa_mpi_ranges(const sdpa_mpi_plan *plan, int rank, int kv, int64_t first[2
  * context's CUDA backends, the result copied back (written and compiled,
  * not yet run on a GPU; causal on device tensors needs shard boundaries on
  * the diagonal, since the CUDA backends take no general mask). params: scale, backend, deterministic, component
- * and quant are honoured for the local calls; causal comes from the plan;
- * masks are not taken (INVALID_ARGUMENT). ctx runs the local attention.
+ * and quant are honoured for the local calls; causal comes from the plan.
+ * params->mask may carry a block map (mask->blocks, sdpa.h) over the
+ * global positions, the same on every rank, and nothing else
+ * (INVALID_ARGUMENT otherwise): each block's attention gets its piece of
+ * the map (sdpa_block_map_slice: its query rows, the visiting keys, the
+ * member's heads), and a piece that lists nothing is skipped, so a sparse
+ * pattern saves compute on every rank (not messages: K/V still travel the
+ * whole ring). Shard boundaries need not fall on the map's blocks. With
+ * k_joint, the map covers the sequence only; the joint keys are seen by
+ * every query. Maps are CPU-only (UNSUPPORTED with device tensors). ctx
+ * runs the local attention.
  */
 sdpa_status sdpa_mpi_forward(sdpa_mpi_plan *plan, sdpa_context *ctx, const sdpa_tensor *q,
                              const sdpa_tensor *k, const sdpa_tensor *v, sdpa_tensor *out,

@@ -1,6 +1,7 @@
 /*
  * block_map.c - sdpa_block_map_3d (a 3-D neighbourhood over a video grid,
- * with dense text tokens in front, as a block map) and the map's density.
+ * with dense text tokens in front, as a block map), the map's density,
+ * and sdpa_block_map_slice (the piece of a map a part of the call sees).
  *
  * Each query row's visible keys are a few runs of consecutive tokens (one
  * per (frame, line) of its window in row-major order, one per (frame,
@@ -112,6 +113,28 @@ static void bits_run(void *arg, int64_t a, int64_t b)
 
 enum { CLASS_NONE = 0, CLASS_FULL = 1, CLASS_PARTIAL = 2 };
 
+/* A map in one allocation (freed by sdpa_block_map_free): header, counts,
+ * lists of `stride` entries per row, and bits for every entry position
+ * when with_bits; everything zeroed. */
+static sdpa_block_map *map_alloc(int32_t bq, int32_t bk, int64_t batch, int64_t heads,
+                                 int64_t q_blocks, int64_t kv_blocks, int64_t stride, int with_bits)
+{
+    const int64_t rows = batch * heads * q_blocks, words = (int64_t)bq * bk / 64;
+    const size_t head = (sizeof(sdpa_block_map) + 63) / 64 * 64;
+    const size_t lists = (sizeof(int32_t) * (size_t)(2 * rows + 2 * rows * stride) + 63) / 64 * 64;
+    const size_t bits = with_bits ? sizeof(uint64_t) * (size_t)(rows * stride * words) : 0;
+    char *mem = sdpa__calloc(1, head + lists + bits);
+    if (!mem)
+        return NULL;
+    sdpa_block_map *m = (sdpa_block_map *)mem;
+    int32_t *full_count = (int32_t *)(mem + head), *partial_count = full_count + rows;
+    int32_t *full_index = partial_count + rows, *partial_index = full_index + rows * stride;
+    *m = (sdpa_block_map){bq, bk, batch, heads, q_blocks, kv_blocks, stride, full_count,
+                          full_index, partial_count, partial_index,
+                          bits ? (const uint64_t *)(mem + head + lists) : NULL};
+    return m;
+}
+
 sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdpa_block_map **out)
 {
     if (!out)
@@ -182,26 +205,16 @@ sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdp
         }
     free(count);
 
-    /* pass 2: the map in one allocation: header, counts, lists, bits */
-    const int64_t rows = H * nq;
-    const size_t head = (sizeof(sdpa_block_map) + 63) / 64 * 64;
-    const size_t lists = sizeof(int32_t) * (size_t)(2 * rows + 2 * rows * max_list);
-    const size_t bits = n_partial ? sizeof(uint64_t) * (size_t)(rows * max_list * words) : 0;
-    char *mem = sdpa__malloc(head + (lists + 63) / 64 * 64 + bits);
-    if (!mem) {
+    /* pass 2: the map in one allocation */
+    sdpa_block_map *m = map_alloc(block, block, 1, H, nq, nq, max_list, n_partial > 0);
+    if (!m) {
         free(cls), free(slot);
-        return sdpa__fail(SDPA_OUT_OF_MEMORY, "sdpa_block_map_3d: cannot allocate %zu bytes",
-                          head + lists + bits);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "sdpa_block_map_3d: out of memory for a map of "
+                          "%lld x %lld blocks", (long long)nq, (long long)nq);
     }
-    sdpa_block_map *m = (sdpa_block_map *)mem;
-    int32_t *full_count = (int32_t *)(mem + head), *partial_count = full_count + rows;
-    int32_t *full_index = partial_count + rows, *partial_index = full_index + rows * max_list;
-    uint64_t *pbits = bits ? (uint64_t *)(mem + head + (lists + 63) / 64 * 64) : NULL;
-    memset(mem + head, 0, lists);
-    if (pbits)
-        memset(pbits, 0, bits);
-    *m = (sdpa_block_map){block, block, 1, H, nq, nq, max_list, full_count, full_index,
-                          partial_count, partial_index, pbits};
+    int32_t *full_count = (int32_t *)m->full_count, *partial_count = (int32_t *)m->partial_count;
+    int32_t *full_index = (int32_t *)m->full_index, *partial_index = (int32_t *)m->partial_index;
+    uint64_t *pbits = (uint64_t *)m->partial_bits;
     for (int64_t h = 0; h < H; h++)
         for (int64_t qb = 0; qb < nq; qb++) {
             const int64_t row = h * nq + qb;
@@ -254,4 +267,237 @@ double sdpa_block_map_density(const sdpa_block_map *m, int64_t Sq, int64_t Skv)
             }
         }
     return seen / ((double)m->batch * (double)m->heads * (double)Sq * (double)Skv);
+}
+
+/* ---------------------------------------------------------------- slices */
+
+/* Bits pos .. pos + len - 1 (len <= 64) of a bit row, least significant
+ * first; and the same range of dst OR'ed with v. */
+static uint64_t bits_get(const uint64_t *w, int64_t pos, int64_t len)
+{
+    const int64_t s = pos & 63;
+    uint64_t v = w[pos >> 6] >> s;
+    if (s + len > 64)
+        v |= w[(pos >> 6) + 1] << (64 - s);
+    return len == 64 ? v : v & (((uint64_t)1 << len) - 1);
+}
+
+static void bits_or(uint64_t *w, int64_t pos, uint64_t v, int64_t len)
+{
+    const int64_t s = pos & 63;
+    w[pos >> 6] |= v << s;
+    if (s + len > 64)
+        w[(pos >> 6) + 1] |= v >> (64 - s);
+}
+
+/* A growing list of a slice's entries (key blocks, and bits when kept). */
+typedef struct grow_list {
+    int32_t *index;
+    uint64_t *bits;
+    int64_t n, cap, words;
+} grow_list;
+
+static int grow_push(grow_list *g, int32_t kb, const uint64_t *bits)
+{
+    if (g->n == g->cap) {
+        const int64_t cap = g->cap ? 2 * g->cap : 256;
+        int32_t *index = sdpa__realloc(g->index, sizeof *index * (size_t)cap);
+        if (!index)
+            return 0;
+        g->index = index;
+        if (g->words) {
+            uint64_t *b = sdpa__realloc(g->bits, sizeof *b * (size_t)(cap * g->words));
+            if (!b)
+                return 0;
+            g->bits = b;
+        }
+        g->cap = cap;
+    }
+    g->index[g->n] = kb;
+    if (g->words && bits)
+        memcpy(g->bits + g->n * g->words, bits, sizeof *bits * (size_t)g->words);
+    g->n++;
+    return 1;
+}
+
+/* Where key block kb stands in map row `row`: 1 FULL, 2 PARTIAL (entry
+ * *n), 0 unlisted. */
+static int map_class(const sdpa_block_map *m, int64_t row, int64_t kb, int64_t *n)
+{
+    if (m->full_count &&
+        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
+        return CLASS_FULL;
+    if (m->partial_count &&
+        (*n = sdpa__map_find(m->partial_index + row * m->index_stride, m->partial_count[row],
+                             kb)) >= 0)
+        return CLASS_PARTIAL;
+    return CLASS_NONE;
+}
+
+/* The bits of one block of the slice: rows q0 .. q0 + rn - 1 and keys
+ * k0 .. k0 + cn - 1 of the map (global positions), row r of the block at
+ * bit r * bk. Returns how many are set. */
+static int64_t slice_block_bits(const sdpa_block_map *m, int64_t b, int64_t h, int64_t q0,
+                                int64_t rn, int64_t k0, int64_t cn, uint64_t *blk)
+{
+    const int64_t bq = m->block_q, bk = m->block_kv, words = sdpa__map_words(m);
+    memset(blk, 0, sizeof *blk * (size_t)words);
+    for (int64_t g = q0 / bq; g <= (q0 + rn - 1) / bq; g++) {
+        const int64_t row = sdpa__map_row(m, b, h, g);
+        const int64_t i0 = g * bq > q0 ? g * bq : q0;
+        const int64_t i1 = (g + 1) * bq < q0 + rn ? (g + 1) * bq : q0 + rn;
+        for (int64_t kb = k0 / bk; kb <= (k0 + cn - 1) / bk; kb++) {
+            int64_t n = -1;
+            const int cls = map_class(m, row, kb, &n);
+            if (cls == CLASS_NONE)
+                continue;
+            const int64_t j0 = kb * bk > k0 ? kb * bk : k0;
+            const int64_t j1 = (kb + 1) * bk < k0 + cn ? (kb + 1) * bk : k0 + cn;
+            const uint64_t *src = cls == CLASS_PARTIAL && m->partial_bits
+                                      ? m->partial_bits + (row * m->index_stride + n) * words
+                                      : NULL;
+            for (int64_t i = i0; i < i1; i++)
+                for (int64_t j = j0; j < j1; j += 64) {
+                    const int64_t len = j1 - j < 64 ? j1 - j : 64;
+                    const uint64_t v =
+                        src ? bits_get(src, (i - g * bq) * bk + (j - kb * bk), len)
+                            : (len == 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1);
+                    bits_or(blk, (i - q0) * bk + (j - k0), v, len);
+                }
+        }
+    }
+    int64_t set = 0;
+    for (int64_t w = 0; w < words; w++)
+        set += __builtin_popcountll(blk[w]);
+    return set;
+}
+
+sdpa_status sdpa_block_map_slice(const sdpa_block_map *m, int64_t Sq, int64_t Skv,
+                                 int64_t q_first, int64_t q_count, int64_t kv_first,
+                                 int64_t kv_count, int64_t head_first, int64_t head_count,
+                                 sdpa_block_map **out)
+{
+    if (!out)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a place for the map");
+    *out = NULL;
+    if (!m)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "map is NULL, expected the call's block map");
+    if (Sq < 1 || Skv < 1)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "Sq %lld and Skv %lld, expected both >= 1",
+                          (long long)Sq, (long long)Skv);
+    if (q_first < 0 || q_count < 1 || q_count > Sq - q_first)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "q_first %lld with q_count %lld, expected rows inside 0..%lld",
+                          (long long)q_first, (long long)q_count, (long long)Sq - 1);
+    if (kv_first < 0 || kv_count < 1 || kv_count > Skv - kv_first)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "kv_first %lld with kv_count %lld, expected keys inside 0..%lld",
+                          (long long)kv_first, (long long)kv_count, (long long)Skv - 1);
+    if (head_first < 0 || head_count < 1 ||
+        (m->heads > 1 && head_count > m->heads - head_first))
+        return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                          "head_first %lld with head_count %lld, expected heads inside the "
+                          "map's 0..%lld (any, when it broadcasts one)",
+                          (long long)head_first, (long long)head_count, (long long)m->heads - 1);
+    const int64_t bq = m->block_q, bk = m->block_kv;
+    sdpa_status st = sdpa__check_block_map(m, m->batch, m->heads, Sq, Skv, 1,
+                                           bq ? q_first / bq : 0,
+                                           bq ? (q_first + q_count - 1) / bq + 1 : 0);
+    if (st != SDPA_OK)
+        return st;
+    const int64_t LQ = (q_count + bq - 1) / bq, LK = (kv_count + bk - 1) / bk;
+    const int64_t H = m->heads == 1 ? 1 : head_count, rows = m->batch * H * LQ;
+    const int aligned = q_first % bq == 0 && kv_first % bk == 0;
+    /* without bits in the map, an aligned slice keeps its blocks as they
+     * are; anything else is worked out bit by bit */
+    const int64_t words = sdpa__map_words(m), keep_bits = !aligned || m->partial_bits;
+    grow_list full = {0}, part = {0};
+    part.words = keep_bits ? words : 0;
+    int32_t *nfull = sdpa__calloc((size_t)(2 * rows), sizeof *nfull);
+    int32_t *npart = nfull ? nfull + rows : NULL;
+    uint64_t *blk = sdpa__malloc(sizeof *blk * (size_t)words);
+    uint8_t *cand = sdpa__malloc((size_t)LK);
+    int ok = nfull && blk && cand;
+    for (int64_t b = 0; ok && b < m->batch; b++)
+        for (int64_t hh = 0; ok && hh < H; hh++)
+            for (int64_t lq = 0; ok && lq < LQ; lq++) {
+                const int64_t h = m->heads == 1 ? 0 : head_first + hh, lrow = (b * H + hh) * LQ + lq;
+                const int64_t q0 = q_first + lq * bq, rn = q_count - lq * bq < bq ? q_count - lq * bq : bq;
+                if (!keep_bits) { /* aligned: one of the map's rows, renumbered */
+                    const int64_t row = sdpa__map_row(m, b, h, q0 / bq), kb0 = kv_first / bk;
+                    for (int l = 0; l < 2 && ok; l++) {
+                        const int32_t *cnt = l ? m->partial_count : m->full_count;
+                        const int32_t *idx = l ? m->partial_index : m->full_index;
+                        for (int32_t e = 0; ok && cnt && e < cnt[row]; e++) {
+                            const int64_t kb = idx[row * m->index_stride + e];
+                            if (kb < kb0 || kb >= kb0 + LK)
+                                continue;
+                            ok = grow_push(l ? &part : &full, (int32_t)(kb - kb0), NULL);
+                            (l ? npart : nfull)[lrow]++;
+                        }
+                    }
+                    continue;
+                }
+                /* the slice's key blocks that some listed block of the map reaches */
+                memset(cand, 0, (size_t)LK);
+                for (int64_t g = q0 / bq; g <= (q0 + rn - 1) / bq; g++) {
+                    const int64_t row = sdpa__map_row(m, b, h, g);
+                    for (int l = 0; l < 2; l++) {
+                        const int32_t *cnt = l ? m->partial_count : m->full_count;
+                        const int32_t *idx = l ? m->partial_index : m->full_index;
+                        for (int32_t e = 0; cnt && e < cnt[row]; e++) {
+                            const int64_t kb = idx[row * m->index_stride + e];
+                            const int64_t j0 = kb * bk > kv_first ? kb * bk : kv_first;
+                            const int64_t j1 = (kb + 1) * bk < kv_first + kv_count
+                                                   ? (kb + 1) * bk
+                                                   : kv_first + kv_count;
+                            for (int64_t j = j0; j < j1; j += bk - (j - kv_first) % bk)
+                                cand[(j - kv_first) / bk] = 1;
+                        }
+                    }
+                }
+                for (int64_t lk = 0; ok && lk < LK; lk++) {
+                    if (!cand[lk])
+                        continue;
+                    const int64_t k0 = kv_first + lk * bk;
+                    const int64_t cn = kv_count - lk * bk < bk ? kv_count - lk * bk : bk;
+                    const int64_t set = slice_block_bits(m, b, h, q0, rn, k0, cn, blk);
+                    if (set == 0)
+                        continue;
+                    const int is_full = set == rn * cn;
+                    ok = grow_push(is_full ? &full : &part, (int32_t)lk, blk);
+                    (is_full ? nfull : npart)[lrow]++;
+                }
+            }
+    /* the map in one allocation, as sdpa_block_map_3d lays it out */
+    int64_t stride = 1;
+    for (int64_t r = 0; ok && r < rows; r++) {
+        stride = nfull[r] > stride ? nfull[r] : stride;
+        stride = npart[r] > stride ? npart[r] : stride;
+    }
+    sdpa_block_map *s =
+        ok ? map_alloc((int32_t)bq, (int32_t)bk, m->batch, H, LQ, LK, stride, part.n && keep_bits)
+           : NULL;
+    if (s) {
+        int32_t *full_count = (int32_t *)s->full_count, *partial_count = (int32_t *)s->partial_count;
+        int32_t *full_index = (int32_t *)s->full_index, *partial_index = (int32_t *)s->partial_index;
+        uint64_t *pbits = (uint64_t *)s->partial_bits;
+        int64_t at_f = 0, at_p = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            full_count[r] = nfull[r], partial_count[r] = npart[r];
+            memcpy(full_index + r * stride, full.index + at_f, sizeof(int32_t) * (size_t)nfull[r]);
+            memcpy(partial_index + r * stride, part.index + at_p, sizeof(int32_t) * (size_t)npart[r]);
+            if (pbits)
+                memcpy(pbits + r * stride * words, part.bits + at_p * words,
+                       sizeof(uint64_t) * (size_t)(npart[r] * words));
+            at_f += nfull[r], at_p += npart[r];
+        }
+        *out = s;
+    }
+    free(nfull), free(blk), free(cand);
+    free(full.index), free(full.bits), free(part.index), free(part.bits);
+    if (!s)
+        return sdpa__fail(SDPA_OUT_OF_MEMORY, "sdpa_block_map_slice: out of memory for a "
+                          "slice of %lld x %lld blocks", (long long)LQ, (long long)LK);
+    return SDPA_OK;
 }

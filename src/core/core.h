@@ -159,6 +159,11 @@ static inline sdpa_dtype sdpa__kv_dtype(const sdpa_call_desc *d)
 }
 static inline int sdpa__mixed_dtypes(const sdpa_call_desc *d) { return sdpa__kv_dtype(d) != d->dtype; }
 
+/* Checks a block map against a call of B x Hq x Sq x Skv (validate.c):
+ * its shape, and with host = 1 the lists of query blocks qb0 .. qb1 - 1. */
+sdpa_status sdpa__check_block_map(const sdpa_block_map *m, int64_t B, int64_t Hq, int64_t Sq,
+                                  int64_t Skv, int host, int64_t qb0, int64_t qb1);
+
 /* Checks a call description (explain/decide input). */
 sdpa_status sdpa__desc_validate(const sdpa_call_desc *d);
 

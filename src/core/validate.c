@@ -249,10 +249,11 @@ static sdpa_status check_map_list(const sdpa_block_map *m, const int32_t *count,
 }
 
 /* A block map against the call's sizes (sdpa.h): its shape, then, for
- * host arrays, every row's lists and that no key block is in both. Costs
- * one pass over the listed entries. */
-static sdpa_status check_block_map(const sdpa_block_map *m, int64_t B, int64_t Hq, int64_t Sq,
-                                   int64_t Skv, int host)
+ * host arrays, the lists of query blocks qb0 .. qb1 - 1 (every head and
+ * batch entry) and that no key block is in both. Costs one pass over the
+ * listed entries of those rows. */
+sdpa_status sdpa__check_block_map(const sdpa_block_map *m, int64_t B, int64_t Hq, int64_t Sq,
+                                  int64_t Skv, int host, int64_t qb0, int64_t qb1)
 {
     const int32_t sizes[2] = {m->block_q, m->block_kv};
     static const char *size_names[2] = {"block_q", "block_kv"};
@@ -303,7 +304,7 @@ static sdpa_status check_block_map(const sdpa_block_map *m, int64_t B, int64_t H
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "mask->blocks byte count overflows 64 bits");
     for (int64_t b = 0; host && b < m->batch; b++)
         for (int64_t h = 0; h < m->heads; h++)
-            for (int64_t qb = 0; qb < m->q_blocks; qb++) {
+            for (int64_t qb = qb0; qb < qb1 && qb < m->q_blocks; qb++) {
                 const int64_t row = sdpa__map_row(m, b, h, qb);
                 sdpa_status st;
                 if (m->full_count && (st = check_map_list(m, m->full_count, m->full_index,
@@ -403,7 +404,7 @@ static sdpa_status check_mask(const sdpa_mask *m, const sdpa_tensor *q, const sd
     }
     if (m->blocks) {
         *kinds |= SDPA_MASK_KIND_BLOCKS;
-        sdpa_status st = check_block_map(m->blocks, B, Hq, Sq, Skv, host);
+        sdpa_status st = sdpa__check_block_map(m->blocks, B, Hq, Sq, Skv, host, 0, INT64_MAX);
         if (st != SDPA_OK)
             return st;
     }

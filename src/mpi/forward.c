@@ -97,11 +97,45 @@ static sdpa_status device_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const
     return st == SDPA_OK ? SDPA_OK : sp_fail(st, "sdpa_mpi_forward: %s", why);
 }
 
+/* The rows of a piece's map for batch entry b and query heads h0 .. h0 +
+ * nh - 1 (pointers into it: nothing is copied). */
+static sdpa_block_map map_view(const sdpa_block_map *m, int64_t b, int64_t h0, int64_t nh)
+{
+    sdpa_block_map v = *m;
+    const int64_t row = ((m->batch > 1 ? b : 0) * m->heads + (m->heads > 1 ? h0 : 0)) *
+                        m->q_blocks;
+    const int64_t at = row * m->index_stride, words = (int64_t)m->block_q * m->block_kv / 64;
+    v.batch = 1, v.heads = m->heads > 1 ? nh : 1;
+    if (v.full_count)
+        v.full_count += row, v.full_index += at;
+    if (v.partial_count)
+        v.partial_count += row, v.partial_index += at;
+    if (v.partial_bits)
+        v.partial_bits += at * words;
+    return v;
+}
+
+/* Whether a map lists any block. */
+static int map_lists_any(const sdpa_block_map *m)
+{
+    const int64_t rows = m->batch * m->heads * m->q_blocks;
+    for (int64_t r = 0; r < rows; r++)
+        if ((m->full_count && m->full_count[r]) || (m->partial_count && m->partial_count[r]))
+            return 1;
+    return 0;
+}
+
+/*
+ * map: the call's block map (global positions), or NULL; the block's own
+ * piece of it (this segment's rows, the visiting keys from kfirst, this
+ * member's query heads) is cut with sdpa_block_map_slice, and a piece that
+ * lists nothing is skipped like a block causal hides.
+ */
 static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const segment *q,
                              void *k, void *v, int64_t nk, int64_t d, int64_t hq, int64_t hk,
                              sdpa_tensor *acc, float *lacc, float *tmp, float *ltmp,
                              const sdpa_params *user, MPI_Request *req, int nreq,
-                             const device_bufs *db)
+                             const device_bufs *db, const sdpa_block_map *map, int64_t kfirst)
 {
     const sdpa_mpi_shape *s = &p->s;
     const int64_t nq = q->n;
@@ -137,8 +171,25 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
             }
         }
     }
+    sdpa_block_map *piece = NULL;
+    if (map) {
+        sdpa_status st = sdpa_block_map_slice(map, s->Sq, s->Skv, q->first, nq, kfirst, nk,
+                                              p->u * hq, hq, &piece);
+        if (st != SDPA_OK) {
+            free(vis);
+            return sp_fail(st, "sdpa_mpi_forward: params->mask->blocks: %s", sdpa_last_error());
+        }
+        if (!map_lists_any(piece)) { /* nothing of these keys is shown to these rows */
+            sdpa_block_map_free(piece);
+            free(vis);
+            return SDPA_OK;
+        }
+        m.blocks = piece;
+        prm.mask = &m;
+    }
     if (db) {
         sdpa_status st = device_block(ctx, p, db, q, k, v, nk, hq, hk, tmp, ltmp, &prm);
+        sdpa_block_map_free(piece); /* none: maps are refused on device tensors */
         if (st == SDPA_OK) {
             sdpa_tensor to = sp_block(tmp, SDPA_F32, s->B, nq, hq, s->D);
             st = sdpa_merge(acc, lacc, &to, ltmp, acc, lacc);
@@ -170,6 +221,11 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
                 ta = view(acc->data, SDPA_F32, nq, hq, s->D, b, h0, nh);
                 la = lacc + (b * hq + h0) * nq; /* [B, hq, nq]: this piece is contiguous */
             }
+            sdpa_block_map pv;
+            if (piece && nreq) { /* this piece's batch entry and heads of the map */
+                pv = map_view(piece, b, h0, nh);
+                m.blocks = &pv;
+            }
             st = sdpa_forward(ctx, &tq, &tk, &tv, &to, ltmp, &prm);
             if (st == SDPA_OK)
                 st = sdpa_merge(&ta, la, &to, ltmp, &ta, la);
@@ -179,6 +235,7 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
             }
         }
     free(vis);
+    sdpa_block_map_free(piece);
     return st == SDPA_OK ? SDPA_OK : sp_fail(st, "sdpa_mpi_forward: local attention: %s",
                                              sdpa_last_error());
 }
@@ -210,6 +267,42 @@ static sdpa_status check_local(const sdpa_mpi_plan *p, const sdpa_tensor *t, con
     if (is_out && (unsigned)t->dtype > SDPA_BF16)
         return sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: out->dtype %d unknown",
                        (int)t->dtype);
+    return SDPA_OK;
+}
+
+/* The one mask sequence parallelism takes: a block map over the global
+ * positions (the same on every rank), its shape checked here and each
+ * row as a block's piece is cut from it. */
+static sdpa_status take_mask(const sdpa_mpi_plan *p, const sdpa_mask *user,
+                             const sdpa_block_map **map)
+{
+    sdpa_mask m = SDPA_MASK_DEFAULT; /* the caller's as far as it goes (sdpa.h: growth) */
+    memcpy(&m, user, user->size && user->size < sizeof m ? user->size : sizeof m);
+    const char *other = m.seq_len_q || m.seq_len_kv ? "seq_len_q/seq_len_kv"
+                        : m.key                     ? "key"
+                        : m.general                 ? "general"
+                        : m.window                  ? "window"
+                                                    : NULL;
+    if (other || !m.blocks)
+        return sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: params->mask %s%s; sequence "
+                       "parallelism takes only mask->blocks (a block map over the global "
+                       "positions, the same on every rank); causal comes from the plan",
+                       other ? "sets " : "has no blocks", other ? other : "");
+    const sdpa_block_map *b = m.blocks;
+    const sdpa_mpi_shape *s = &p->s;
+    if (b->batch != 1 && b->batch != s->B)
+        return sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: mask->blocks->batch is %lld, "
+                       "expected 1 (broadcast) or B = %lld", (long long)b->batch, (long long)s->B);
+    if (b->heads != 1 && b->heads != s->Hq)
+        return sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: mask->blocks->heads is %lld, "
+                       "expected 1 (broadcast) or Hq = %lld", (long long)b->heads,
+                       (long long)s->Hq);
+    sdpa_block_map *first = NULL; /* the map's shape against Sq and Skv, and its first row */
+    sdpa_status st = sdpa_block_map_slice(b, s->Sq, s->Skv, 0, 1, 0, 1, 0, 1, &first);
+    sdpa_block_map_free(first);
+    if (st != SDPA_OK)
+        return sp_fail(st, "sdpa_mpi_forward: %s", sdpa_last_error());
+    *map = b;
     return SDPA_OK;
 }
 
@@ -262,9 +355,9 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
     const sdpa_params *prm = params ? params : &defaults;
     const int64_t nq = sp_local_rows(p, p->rank, 0), nkv = sp_local_rows(p, p->rank, 1);
     sdpa_status st = ctx ? SDPA_OK : sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: ctx is NULL");
+    const sdpa_block_map *map = NULL;
     if (st == SDPA_OK && prm->mask)
-        st = sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: params->mask is set; sequence "
-                     "parallelism takes no masks yet (causal comes from the plan)");
+        st = take_mask(p, prm->mask, &map);
     if (st == SDPA_OK)
         st = check_local(p, q, "q", nq, s->Hq, 0);
     if (st == SDPA_OK)
@@ -280,7 +373,8 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
 
     /* Device tensors (device_staging.h): every rank's, or none; their rows
      * are copied to the host here and the result back at the end. */
-    int mode[2] = {0, 0}, all[2] = {0, 0}, ordinal = 0; /* any device tensor, any host one */
+    /* any device tensor, any host one; any rank with a map, any without */
+    int mode[4] = {0, 0, map != NULL, map == NULL}, all[4] = {0, 0, 0, 0}, ordinal = 0;
     const sdpa_tensor *loc[4] = {nq ? q : NULL, nkv ? k : NULL, nkv ? v : NULL, nq ? out : NULL};
     for (int i = 0; i < 4; i++)
         if (loc[i]) {
@@ -288,10 +382,16 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
             mode[d ? 0 : 1] = 1;
             ordinal = d ? loc[i]->device.ordinal : ordinal;
         }
-    MPI_Allreduce(mode, all, 2, MPI_INT, MPI_MAX, p->comm);
+    MPI_Allreduce(mode, all, 4, MPI_INT, MPI_MAX, p->comm);
     if (all[0] && all[1])
         return sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: the local tensors mix device and "
                        "host memory (on this rank or across ranks); one kind for all of them");
+    if (all[2] && all[3])
+        return sp_fail(SDPA_INVALID_ARGUMENT, "sdpa_mpi_forward: params->mask->blocks is given "
+                       "on some ranks and not on others; the same map on every rank");
+    if (all[0] && all[2])
+        return sp_fail(SDPA_UNSUPPORTED, "sdpa_mpi_forward: a block map with device tensors: "
+                       "the CUDA backends take no block map");
     const int on_device = all[0];
     char *staged = NULL; /* host copies: q, k, v, then the result and its LSE */
     sdpa_tensor hq_t, hk_t, hv_t, ho_t;
@@ -430,7 +530,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
                 if (gq.seg[a].n > 0 && kn > 0)
                     st = one_block(ctx, p, &gq.seg[a], cur + at, cur + kv_bytes + at, kn,
                                    gq.seg[a].first + off - kfirst, hq, hk, &tacc[a], lacc_r[a],
-                                   tmp, ltmp, prm, req, nreq, dbp);
+                                   tmp, ltmp, prm, req, nreq, dbp, map, kfirst);
             }
         const double t1 = sp_now_ms();
         if (nreq)
@@ -454,7 +554,7 @@ sdpa_status sdpa_mpi_forward_joint(sdpa_mpi_plan *p, sdpa_context *ctx, const sd
             for (int a = 0; a < gq.nseg && st == SDPA_OK; a++)
                 if (gq.seg[a].n > 0)
                     st = one_block(ctx, &flat_plan, &gq.seg[a], kj, vj, T, 0, hq, hk, &tacc[a],
-                                   lacc_r[a], tmp, ltmp, prm, NULL, 0, dbp);
+                                   lacc_r[a], tmp, ltmp, prm, NULL, 0, dbp, NULL, 0);
         }
         p->stats.compute_ms += sp_now_ms() - t0;
         free(kj), free(vj);

@@ -552,6 +552,93 @@ static void bad_maps(void)
     tl_output_free(&o), tl_problem_free(&p);
 }
 
+/* sdpa_block_map_slice: a piece of a random map shows every (b, h, i, j)
+ * of the piece as the map does, aligned on its blocks or not, with bits or
+ * without, broadcast or per head; bad arguments are named. */
+static void slices(void)
+{
+    int64_t checks = 0;
+    for (int ci = 0; ci < (quick ? 12 : 40); ci++) {
+        const int32_t bq = draw(2) ? 64 : 128, bk = draw(2) ? 64 : 128;
+        tl_case c = {1 + (int64_t)draw(2), 1 + (int64_t)draw(400), 1 + (int64_t)draw(400),
+                     1 + (int64_t)draw(3), 1, 16, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD,
+                     1, TL_UNIFORM, 0, 0};
+        test_map t;
+        const double s = ci % 4 == 0 ? 0.0 : ci % 4 == 1 ? 1.0 : 0.5;
+        map_make(&t, &c, bq, bk, (int)draw(2), (int)draw(2), s, ci % 5 == 2 || draw(2));
+        if (ci % 5 == 2) { /* partial blocks that hide one key from one row */
+            const int64_t words = (int64_t)bq * bk / 64,
+                          n = t.m.batch * t.m.heads * t.m.q_blocks * t.m.index_stride;
+            for (int64_t e = 0; e < n; e++) {
+                memset(t.bits + e * words, 0xff, sizeof(uint64_t) * (size_t)words);
+                const unsigned bit = draw(32) * (unsigned)bk + draw(32);
+                t.bits[e * words + bit / 64] &= ~((uint64_t)1 << bit % 64);
+            }
+        }
+        /* aligned pieces for a third of the cases, anything for the rest */
+        const int aligned = ci % 3 == 0;
+        int64_t q0 = draw((unsigned)c.Sq), k0 = draw((unsigned)c.Skv);
+        if (aligned)
+            q0 -= q0 % bq, k0 -= k0 % bk;
+        const int64_t nq = 1 + draw((unsigned)(c.Sq - q0)), nk = 1 + draw((unsigned)(c.Skv - k0));
+        const int64_t h0 = draw((unsigned)c.Hq), nh = 1 + draw((unsigned)(c.Hq - h0));
+        sdpa_block_map *sl = NULL;
+        CHECK_STATUS(sdpa_block_map_slice(&t.m, c.Sq, c.Skv, q0, nq, k0, nk, h0, nh, &sl),
+                     SDPA_OK);
+        if (!sl) {
+            map_free(&t);
+            continue;
+        }
+        /* the piece is a valid map for a call of its own size */
+        tl_case pc = c;
+        pc.Sq = nq, pc.Skv = nk, pc.Hq = t.m.heads == 1 ? c.Hq : nh;
+        CHECK(sdpa__check_block_map(sl, pc.B, pc.Hq, nq, nk, 1, 0, INT64_MAX) == SDPA_OK,
+              "slice %d: not a valid map: %s", ci, sdpa_last_error());
+        CHECK(sl->heads == (t.m.heads == 1 ? 1 : nh) && sl->batch == t.m.batch,
+              "slice %d: batch %lld heads %lld", ci, (long long)sl->batch, (long long)sl->heads);
+        int64_t wrong = 0;
+        for (int64_t b = 0; b < c.B; b++)
+            for (int64_t h = 0; h < nh; h++)
+                for (int64_t i = 0; i < nq; i++)
+                    for (int64_t j = 0; j < nk; j++, checks++)
+                        wrong += map_sees(sl, b, h, i, j) != map_sees(&t.m, b, h0 + h, q0 + i, k0 + j);
+        CHECK(wrong == 0, "slice %d (rows %lld+%lld of %lld, keys %lld+%lld of %lld, blocks "
+              "%dx%d, bits %s): %lld entries differ", ci, (long long)q0, (long long)nq,
+              (long long)c.Sq, (long long)k0, (long long)nk, (long long)c.Skv, (int)bq, (int)bk,
+              t.m.partial_bits ? "yes" : "no", (long long)wrong);
+        if (aligned && !t.m.partial_bits) /* the map's own blocks: nothing gained bits */
+            CHECK(sl->partial_bits == NULL, "slice %d: an aligned slice of a map without bits "
+                  "has bits", ci);
+        sdpa_block_map_free(sl);
+        map_free(&t);
+    }
+    CHECK(checks > 0, "slices: nothing compared");
+    /* bad arguments */
+    tl_case c = {1, 130, 200, 2, 1, 16, SDPA_F32, SDPA_F32, SDPA_CAUSAL_NONE, TL_BSHD, 1,
+                 TL_UNIFORM, 0, 0};
+    test_map t;
+    map_make(&t, &c, 64, 64, 0, 1, 0.5, 0);
+    sdpa_block_map *sl = (sdpa_block_map *)&t;
+    CHECK(sdpa_block_map_slice(&t.m, 130, 200, 100, 31, 0, 200, 0, 2, &sl) ==
+                  SDPA_INVALID_ARGUMENT && sl == NULL &&
+              strstr(sdpa_last_error(), "q_first 100 with q_count 31, expected rows inside 0..129"),
+          "slice beyond Sq: %s", sdpa_last_error());
+    CHECK(sdpa_block_map_slice(&t.m, 130, 200, 0, 130, 0, 200, 1, 2, &sl) ==
+                  SDPA_INVALID_ARGUMENT &&
+              strstr(sdpa_last_error(), "head_first 1 with head_count 2"),
+          "slice beyond the heads: %s", sdpa_last_error());
+    CHECK(sdpa_block_map_slice(&t.m, 193, 200, 0, 130, 0, 200, 0, 2, &sl) ==
+                  SDPA_INVALID_ARGUMENT &&
+              strstr(sdpa_last_error(), "mask->blocks->q_blocks is 3, expected 4"),
+          "slice with the wrong Sq: %s", sdpa_last_error());
+    t.fi[0] = 99, t.fc[0] = 1;
+    CHECK(sdpa_block_map_slice(&t.m, 130, 200, 0, 64, 0, 200, 0, 1, &sl) ==
+                  SDPA_INVALID_ARGUMENT &&
+              strstr(sdpa_last_error(), "mask->blocks->full_index[b=0, h=0, qb=0][0] is 99"),
+          "slice of a bad row: %s", sdpa_last_error());
+    map_free(&t);
+}
+
 /* Explain and rules know the kinds. */
 static void dispatch(void)
 {
@@ -593,6 +680,7 @@ int main(int argc, char **argv)
             snprintf(backends[n_backends++], sizeof backends[0], "%s", b.name);
     }
     bad_maps();
+    slices();
     dispatch();
     windows();
     neighborhoods();

@@ -7,8 +7,9 @@
  * checks leaks at exit). Covered: context creation, loading rules, one
  * forward call on every present CPU backend (with a fresh context, so
  * that the worker pool is started inside the call), a layer's first
- * call, explain, and a backward call on every backend with a backward
- * pass, cut by keys and by rows (their partial sums allocated).
+ * call, explain, a backward call on every backend with a backward
+ * pass, cut by keys and by rows (their partial sums allocated), and the
+ * block-map builder and slicer.
  */
 #include "core/core.h"
 #include "support/testlib.h"
@@ -248,6 +249,44 @@ static sdpa_status explain(void *arg)
     return st;
 }
 
+/* ---- block maps: the 3-D builder, and slices of its map (off the
+ * blocks, so that every partial block is worked out bit by bit) */
+
+static sdpa_status build_3d(void *arg)
+{
+    static const int64_t win[3] = {3, 3, 5};
+    const sdpa_neighborhood_3d nb = {{4, 6, 9}, {0, 0, 0}, win, 1, 17, 0};
+    sdpa_block_map **m = arg;
+    sdpa_status st = sdpa_block_map_3d(&nb, 64, m);
+    CHECK((st == SDPA_OK) == (*m != NULL), "sdpa_block_map_3d: map with status %s",
+          sdpa_status_string(st));
+    return st;
+}
+
+static sdpa_status slice(void *arg)
+{
+    const sdpa_block_map *m = arg;
+    const int64_t N = 17 + 4 * 6 * 9;
+    sdpa_block_map *s = NULL;
+    sdpa_status st = sdpa_block_map_slice(m, N, N, 30, 150, 5, N - 5, 0, 1, &s);
+    CHECK((st == SDPA_OK) == (s != NULL), "sdpa_block_map_slice: map with status %s",
+          sdpa_status_string(st));
+    sdpa_block_map_free(s);
+    return st;
+}
+
+static void block_maps(void)
+{
+    sdpa_block_map *m = NULL;
+    int64_t n = every_allocation("sdpa_block_map_3d", build_3d, &m, NULL);
+    printf("sdpa_block_map_3d: %lld allocations, each failed once\n", (long long)n);
+    if (!m)
+        return;
+    n = every_allocation("sdpa_block_map_slice", slice, m, NULL);
+    printf("sdpa_block_map_slice: %lld allocations, each failed once\n", (long long)n);
+    sdpa_block_map_free(m);
+}
+
 int main(void)
 {
     tl_seed_from_env();
@@ -258,6 +297,7 @@ int main(void)
     printf("sdpa_context_load_policy_text: %lld allocations, each failed once\n", (long long)n);
     n = every_allocation("sdpa_explain", explain, ctx, NULL);
     printf("sdpa_explain: %lld allocations, each failed once\n", (long long)n);
+    block_maps();
 
     const char *names[SDPA_MAX_BACKENDS + 1];
     sdpa_dtype dtypes[SDPA_MAX_BACKENDS + 1];

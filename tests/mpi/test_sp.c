@@ -7,7 +7,10 @@
  * splits (101 rows) and an explicit split with an empty shard; GQA (KV
  * heads split, and replicated when ulysses > Hkv); cross-attention; both
  * causal alignments (rows that see no key included); f32 and bf16 inputs;
- * a bf16 output; the zigzag split (two ranges per rank, copied out). Then the refusals: ranks that disagree on the shape all
+ * a bf16 output; the zigzag split (two ranges per rank, copied out);
+ * random block maps (broadcast without bits, per batch entry and head with
+ * bits) with shard edges inside and on the map's blocks. Then the
+ * refusals: ranks that disagree on the shape all
  * get INVALID_ARGUMENT (no hang), a degree that does not divide the heads
  * is refused with the degrees that work, a wrong local size names it.
  *
@@ -58,7 +61,54 @@ typedef struct spcase {
     sdpa_causal causal;
     const int64_t *q_counts; /* or NULL */
     int zigzag;
+    int map; /* a random block map over the global positions: 1 without bits, 2 with */
 } spcase;
+
+/* A random 64 x 64 block map (half the blocks hidden, the rest FULL or
+ * PARTIAL; rows with nothing among them), the same on every rank (the
+ * broadcast seed): per batch entry and per head for maps with bits,
+ * broadcast for the others. */
+typedef struct spmap {
+    sdpa_block_map m;
+    int32_t *fc, *fi, *pc, *pi;
+    uint64_t *bits;
+} spmap;
+
+static void spmap_make(spmap *t, const spcase *c)
+{
+    sdpa_block_map *m = &t->m;
+    memset(t, 0, sizeof *t);
+    m->block_q = m->block_kv = 64;
+    m->batch = c->map == 2 ? c->B : 1, m->heads = c->map == 2 ? c->Hq : 1;
+    m->q_blocks = (c->Sq + 63) / 64, m->kv_blocks = (c->Skv + 63) / 64;
+    m->index_stride = m->kv_blocks;
+    const int64_t rows = m->batch * m->heads * m->q_blocks, words = 64;
+    t->fc = calloc((size_t)rows, sizeof(int32_t)), t->pc = calloc((size_t)rows, sizeof(int32_t));
+    t->fi = calloc((size_t)(rows * m->index_stride), sizeof(int32_t));
+    t->pi = calloc((size_t)(rows * m->index_stride), sizeof(int32_t));
+    if (c->map == 2)
+        t->bits = calloc((size_t)(rows * m->index_stride * words), sizeof(uint64_t));
+    for (int64_t r = 0; r < rows; r++)
+        for (int32_t kb = 0; kb < m->kv_blocks; kb++) {
+            const float x = uniform();
+            if (x < 0.0f)
+                continue;
+            if (x < 0.5f) {
+                t->fi[r * m->index_stride + t->fc[r]++] = kb;
+                continue;
+            }
+            const int64_t n = t->pc[r]++;
+            t->pi[r * m->index_stride + n] = kb;
+            for (int64_t w = 0; t->bits && w < words; w++)
+                for (int bit = 0; bit < 64; bit++)
+                    if (uniform() < 0.4f)
+                        t->bits[(r * m->index_stride + n) * words + w] |= (uint64_t)1 << bit;
+        }
+    m->full_count = t->fc, m->full_index = t->fi;
+    m->partial_count = t->pc, m->partial_index = t->pi, m->partial_bits = t->bits;
+}
+
+static void spmap_free(spmap *t) { free(t->fc), free(t->fi), free(t->pc), free(t->pi), free(t->bits); }
 
 /* A rank's rows under zigzag are two ranges: copied out of the full
  * tensor [B, S, H, D] (es bytes an element) into [B, total, H, D]. */
@@ -84,11 +134,18 @@ static int64_t global_row(const int64_t f[2], const int64_t n[2], int64_t li)
 static void run_case(sdpa_context *ctx, const spcase *c)
 {
     char what[160];
-    snprintf(what, sizeof what, "P=%d U=%d R=%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld %s->%s %s%s%s",
+    snprintf(what, sizeof what, "P=%d U=%d R=%d B=%lld Sq=%lld Skv=%lld Hq=%lld Hkv=%lld %s->%s %s%s%s%s",
              size, c->U, c->R, (long long)c->B, (long long)c->Sq, (long long)c->Skv,
              (long long)c->Hq, (long long)c->Hkv, sdpa_dtype_name(c->dtype),
              sdpa_dtype_name(c->out_dtype), sdpa_causal_name(c->causal),
-             c->q_counts ? " explicit split" : "", c->zigzag ? " zigzag" : "");
+             c->q_counts ? " explicit split" : "", c->zigzag ? " zigzag" : "",
+             c->map == 1 ? " map" : c->map == 2 ? " map with bits, per head" : "");
+    spmap map;
+    sdpa_mask mask = SDPA_MASK_DEFAULT;
+    if (c->map) {
+        spmap_make(&map, c);
+        mask.blocks = &map.m;
+    }
     const size_t es = c->dtype == SDPA_F32 ? 4 : 2, oes = c->out_dtype == SDPA_F32 ? 4 : 2;
     const size_t nq = (size_t)(c->B * c->Sq * c->Hq * c->D), nk = (size_t)(c->B * c->Skv * c->Hkv * c->D);
     float *qf = fill(nq), *kf = fill(nk), *vf = fill(nk);
@@ -103,7 +160,7 @@ static void run_case(sdpa_context *ctx, const spcase *c)
     float *want = malloc(sizeof(float) * nq), *want_lse = malloc(sizeof(float) * (size_t)(c->B * c->Hq * c->Sq));
     sdpa_tensor tw = sdpa_tensor_bshd(want, SDPA_F32, c->B, c->Sq, c->Hq, c->D);
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
-    prm.backend = "ref", prm.causal = c->causal;
+    prm.backend = "ref", prm.causal = c->causal, prm.mask = c->map ? &mask : NULL;
     CHECK(sdpa_forward(ctx, &tq, &tk, &tv, &tw, want_lse, &prm) == SDPA_OK, "%s: ref: %s", what,
           sdpa_last_error());
     sdpa_mpi_shape shape = {c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D, c->dtype, c->causal,
@@ -138,6 +195,7 @@ static void run_case(sdpa_context *ctx, const spcase *c)
     float *lse = malloc(sizeof(float) * (size_t)(c->B * c->Hq * (qn ? qn : 1)));
     sdpa_tensor lo = sdpa_tensor_bshd(out, c->out_dtype, c->B, qn ? qn : 1, c->Hq, c->D);
     sdpa_params sp = SDPA_PARAMS_DEFAULT;
+    sp.mask = c->map ? &mask : NULL;
     st = sdpa_mpi_forward(plan, ctx, qn ? &lq : NULL, kn ? &lk : NULL, kn ? &lv : NULL,
                           qn ? &lo : NULL, lse, &sp);
     CHECK(st == SDPA_OK, "%s: forward: %s", what, sdpa_mpi_last_error());
@@ -166,6 +224,8 @@ static void run_case(sdpa_context *ctx, const spcase *c)
     sdpa_mpi_plan_destroy(plan);
 done:
     free(qf), free(kf), free(vf), free(want), free(want_lse);
+    if (c->map)
+        spmap_free(&map);
 }
 
 /* Joint attention: every query also attends T replicated text keys, passed
@@ -259,6 +319,42 @@ static void refusals(sdpa_context *ctx)
         if (rank == size - 1)
             CHECK(strstr(sdpa_mpi_last_error(), "q->size[1]") != NULL, "names q: %s",
                   sdpa_mpi_last_error());
+        /* masks: only a block map, of the call's shape */
+        uint8_t keys[64];
+        memset(keys, 1, sizeof keys);
+        sdpa_mask km = SDPA_MASK_DEFAULT;
+        km.key = keys;
+        sdpa_params kp = SDPA_PARAMS_DEFAULT;
+        kp.mask = &km;
+        sdpa_tensor tg = sdpa_tensor_bshd(buf, SDPA_F32, 1, qn, 4, 16);
+        st = sdpa_mpi_forward(plan, ctx, &tg, &tg, &tg, &to, NULL, &kp);
+        CHECK(st == SDPA_INVALID_ARGUMENT &&
+                  strstr(sdpa_mpi_last_error(), "params->mask sets key; sequence parallelism "
+                                                "takes only mask->blocks"),
+              "a key mask: %s", sdpa_mpi_last_error());
+        int32_t cnt[1] = {1}, idx[1] = {0};
+        sdpa_block_map bm = {64, 64, 1, 3, 1, 1, 1, cnt, idx, NULL, NULL, NULL};
+        sdpa_mask mm = SDPA_MASK_DEFAULT;
+        mm.blocks = &bm;
+        kp.mask = &mm;
+        st = sdpa_mpi_forward(plan, ctx, &tg, &tg, &tg, &to, NULL, &kp);
+        CHECK(st == SDPA_INVALID_ARGUMENT &&
+                  strstr(sdpa_mpi_last_error(), "mask->blocks->heads is 3, expected 1 "
+                                                "(broadcast) or Hq = 4"),
+              "a map with 3 heads: %s", sdpa_mpi_last_error());
+        bm.heads = 1, bm.q_blocks = 2;
+        st = sdpa_mpi_forward(plan, ctx, &tg, &tg, &tg, &to, NULL, &kp);
+        CHECK(st == SDPA_INVALID_ARGUMENT &&
+                  strstr(sdpa_mpi_last_error(), "mask->blocks->q_blocks is 2, expected 1"),
+              "a map of the wrong length: %s", sdpa_mpi_last_error());
+        bm.q_blocks = 1;
+        sdpa_params mixed = SDPA_PARAMS_DEFAULT; /* a map on rank 0 only */
+        mixed.mask = rank == 0 ? &mm : NULL;
+        st = sdpa_mpi_forward(plan, ctx, &tg, &tg, &tg, &to, NULL, &mixed);
+        if (size > 1)
+            CHECK(st == SDPA_INVALID_ARGUMENT &&
+                      strstr(sdpa_mpi_last_error(), "given on some ranks and not on others"),
+                  "a map on one rank: %s", sdpa_mpi_last_error());
         /* device tensors are staged through the host: without a GPU (or with
          * a bogus pointer) the first copy fails, on every rank together */
         sdpa_tensor dq = sdpa_tensor_bshd((void *)(uintptr_t)0x1000, SDPA_F32, 1, qn, 4, 16);
@@ -402,7 +498,7 @@ int main(int argc, char **argv)
             /* GQA: 2 KV heads (split by 2, replicated by 4), 3 when ulysses is 3 */
             const int64_t hkv = U == 3 ? 3 : 2;
             spcase c = {U, R, 2, 101, 101, 12, hkv, 32, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
-                        NULL, 0};
+                        NULL, 0, 0};
             run_case(ctx, &c);
             c.Sq = 50, c.Skv = 77, c.dtype = SDPA_BF16; /* cross; bf16 in */
             run_case(ctx, &c);
@@ -410,15 +506,24 @@ int main(int argc, char **argv)
             run_case(ctx, &c);
             if (size == 4) {
                 spcase e = {U, R, 1, 101, 101, 4, 4, 16, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
-                            uneven, 0};
+                            uneven, 0, 0};
                 run_case(ctx, &e);
             }
             /* the zigzag split: self (odd length), and cross with more keys */
             spcase z = {U, R, 2, 101, 101, 12, hkv, 32, SDPA_F32, SDPA_F32, (sdpa_causal)causal,
-                        NULL, 1};
+                        NULL, 1, 0};
             run_case(ctx, &z);
             z.Sq = 50, z.Skv = 77, z.dtype = SDPA_BF16;
             run_case(ctx, &z);
+            /* block maps: shard edges inside the map's blocks (101 rows),
+             * on them (256 rows: 64-row blocks), zigzag, cross */
+            spcase mp = {U, R, 2, 101, 101, 12, hkv, 32, SDPA_F32, SDPA_F32,
+                         (sdpa_causal)causal, NULL, 0, 1 + causal % 2};
+            run_case(ctx, &mp);
+            mp.Sq = mp.Skv = 256, mp.map = 2 - causal % 2;
+            run_case(ctx, &mp);
+            mp.Sq = 150, mp.Skv = 201, mp.zigzag = 1, mp.dtype = SDPA_BF16;
+            run_case(ctx, &mp);
         }
     }
     for (int g = 0; g < ng; g++)
