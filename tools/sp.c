@@ -111,7 +111,10 @@ sdpa_status sp_forward(const sp_session *s, sdpa_context *ctx, const sdpa_tensor
     float *ll = malloc(sizeof(float) * (size_t)(B * Hq * (qn ? qn : 1)));
     sdpa_tensor to = sdpa_tensor_bshd(lo, SDPA_F32, B, qn ? qn : 1, Hq, D);
     sdpa_params sp = *p;
-    sp.causal = SDPA_CAUSAL_NONE, sp.mask = NULL; /* the plan carries causal */
+    sp.causal = SDPA_CAUSAL_NONE; /* the plan carries causal */
+    /* --sparse: a block map goes to every rank's blocks (a window is
+     * refused by libsdpa_mpi, naming it); run.c refuses the other masks */
+    sp.mask = p->mask && (p->mask->blocks || p->mask->window) ? p->mask : NULL;
     st = lo && ll && lq.data && lk.data && lv.data ? SDPA_OK : SDPA_OUT_OF_MEMORY;
     int local = st != SDPA_OK, any = 0;
     MPI_Allreduce(&local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -192,6 +192,8 @@ _PROTOTYPES = {
     "sdpa_block_map_free": (None, [ctypes.POINTER(BlockMap)]),
     "sdpa_block_map_density": (ctypes.c_double, [ctypes.POINTER(BlockMap), ctypes.c_int64,
                                                  ctypes.c_int64]),
+    "sdpa_block_map_slice": (ctypes.c_int, [ctypes.POINTER(BlockMap)] + [ctypes.c_int64] * 8 +
+                             [ctypes.POINTER(ctypes.POINTER(BlockMap))]),
     "sdpa_measure_ceiling": (ctypes.c_int, [_p, _s, ctypes.POINTER(ctypes.c_double),
                                             ctypes.POINTER(_s)]),
 }

@@ -22,7 +22,9 @@ holds chunks r and 2R-1-r, each split among its members in ceil blocks
      each step posts the next block's isend/irecv before computing the
      visiting one, and merges the block's result into a float32
      accumulator. Causal is decided per block from global positions
-     (skipped, unmasked, top-left, bottom-right, or the block's own mask).
+     (skipped, unmasked, top-left, bottom-right, or the block's own mask);
+     a block map (block_mask=, over the global positions) gives each
+     block its piece, and a piece that lists nothing is skipped.
   3. Joint keys (k_joint, v_joint: [B, T, Hkv, D], replicated on every rank,
      as FLUX's text tokens): attended once per rank, merged, never sent.
   4. Ulysses back: an all_to_all returns each rank its rows of all heads.
@@ -41,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 import libsdpa
+from libsdpa import sparse
 
 _CAUSAL = {False: 0, None: 0, "none": 0, True: 1, "top-left": 1, "bottom-right": 2}
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -114,7 +117,7 @@ def _fail(msg):
     raise libsdpa.InvalidArgumentError(f"libsdpa.distributed.attention: {msg}")
 
 
-def _describe(q, k, v, k_joint, U, causal, zigzag, scale, return_lse):
+def _describe(q, k, v, k_joint, U, causal, zigzag, scale, return_lse, block_map=None):
     """This rank's view of the call as integers (for the agreement) and its
     own error, if any."""
     err = None
@@ -131,6 +134,11 @@ def _describe(q, k, v, k_joint, U, causal, zigzag, scale, return_lse):
         err = f"q, k, v are on {q.device}, {k.device}, {v.device}: one device for all"
     elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         err = "inputs require grad with autograd on: forward only (use torch.no_grad())"
+    if err is None and block_map is not None:
+        c = block_map.c_struct
+        if c.batch not in (1, q.shape[0]) or c.heads not in (1, q.shape[2]):
+            err = (f"block_mask has batch {c.batch} and heads {c.heads}, expected 1 (broadcast) "
+                   f"or B = {q.shape[0]}, and 1 or Hq = {q.shape[2]}")
     T = 0
     if err is None and k_joint is not None:
         T = k_joint.shape[1] if k_joint.dim() == 4 else -1
@@ -140,19 +148,25 @@ def _describe(q, k, v, k_joint, U, causal, zigzag, scale, return_lse):
     desc = [0 if err is None else 1, B, Hq, Hkv, D, _DTYPES.get(q.dtype, -1) if ok4 else -1,
             causal, int(bool(zigzag)), U, T, int(bool(return_lse)),
             -1 if scale is None else struct.unpack("<q", struct.pack("<d", float(scale)))[0],
-            int(q.device.type == "cuda") if ok4 else 0, Sq, Skv]
+            int(q.device.type == "cuda") if ok4 else 0, int(block_map is not None), Sq, Skv]
     return desc, err
 
 
 _SHARED = ("error", "B", "Hq", "Hkv", "D", "dtype", "causal", "zigzag", "ulysses", "joint keys T",
-           "return_lse", "scale", "device kind")
+           "return_lse", "scale", "device kind", "block_mask given")
 
 
 def attention(q, k, v, *, group=None, ulysses=1, is_causal=False, zigzag=False, scale=None,
-              k_joint=None, v_joint=None, return_lse=False, backend=None):
+              k_joint=None, v_joint=None, return_lse=False, backend=None, block_mask=None):
     """This rank's rows of the sequence-parallel attention (see the module).
     Returns out [B, Sq_local, Hq, D] in q's dtype, or (out, lse) with lse
-    float32 [B, Hq, Sq_local]."""
+    float32 [B, Hq, Sq_local].
+
+    block_mask: a libsdpa.BlockMap or torch BlockMask over the global
+    positions (the whole call's Sq x Skv), the same on every rank; each
+    visiting block gets its piece (BlockMap.slice) and a piece that lists
+    nothing is not computed. With k_joint, the map covers the sequence
+    only: the joint keys are seen by every query."""
     if not dist.is_available() or not dist.is_initialized():
         _fail("torch.distributed is not initialised (call init_process_group first)")
     if is_causal not in _CAUSAL:
@@ -160,7 +174,14 @@ def attention(q, k, v, *, group=None, ulysses=1, is_causal=False, zigzag=False, 
     causal = _CAUSAL[is_causal]
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     U = ulysses if isinstance(ulysses, int) and not isinstance(ulysses, bool) else -1
-    desc, err = _describe(q, k, v, k_joint, U, causal, zigzag, scale, return_lse)
+    block_map, err = None, None
+    try:
+        block_map = sparse.as_block_map(block_mask)
+    except libsdpa.Error as e:  # agreed below like every local refusal
+        err = str(e)
+    desc, err_desc = _describe(q, k, v, k_joint, U, causal, zigzag, scale, return_lse,
+                               block_map)
+    err = err or err_desc
     if err is None and (U < 1 or size % U):
         err = f"ulysses is {ulysses!r}, expected a divisor of the group's size {size}"
     if err is None:
@@ -199,7 +220,7 @@ def attention(q, k, v, *, group=None, ulysses=1, is_causal=False, zigzag=False, 
         if len(vals) > 1:
             _fail(f"ranks disagree on {name} (values {sorted(vals)}); every rank must make the "
                   "same call")
-    Sq_all, Skv_all = [d[13] for d in every], [d[14] for d in every]
+    Sq_all, Skv_all = [d[14] for d in every], [d[15] for d in every]
     if zigzag:
         Sq, Skv = sum(Sq_all), sum(Skv_all)
         rq, rk = ranges(Sq, size, U, True), ranges(Skv, size, U, True)
@@ -213,7 +234,7 @@ def attention(q, k, v, *, group=None, ulysses=1, is_causal=False, zigzag=False, 
         Sq, Skv = sum(Sq_all), sum(Skv_all)
     grid = _Grid(group, U)
     return _run(grid, q, k, v, k_joint, v_joint, causal, Sq, Skv, rq, rk, scale, return_lse,
-                backend)
+                backend, block_map)
 
 
 def _group_ranges(grid, rr, r):
@@ -266,11 +287,16 @@ def _gather_group(grid, x, rr, heads_of):
     return torch.cat(out, 1).contiguous()
 
 
-def _block_attention(q, k, v, d, causal, scale, backend):
+def _block_attention(q, k, v, d, causal, scale, backend, piece=None):
     """One visiting block: (out float32, lse) or None when no query sees any
-    key. d: key j of the block is visible to query i when j <= i + d."""
+    key. d: key j of the block is visible to query i when j <= i + d.
+    piece: the block's own piece of the call's block map, or None."""
     nq, nk = q.shape[1], k.shape[1]
     kw = dict(return_lse=True, scale=scale, backend=backend)
+    if piece is not None:
+        if not piece.lists_any():
+            return None
+        kw["block_mask"] = piece
     if causal:
         if nq - 1 + d < 0:
             return None
@@ -305,7 +331,8 @@ def _merge_into(acc, lacc, o, lo):
     lacc.copy_(l_new)
 
 
-def _run(grid, q, k, v, k_joint, v_joint, causal, Sq, Skv, rq, rk, scale, return_lse, backend):
+def _run(grid, q, k, v, k_joint, v_joint, causal, Sq, Skv, rq, rk, scale, return_lse, backend,
+         block_map=None):
     U, R, r = grid.U, grid.R, grid.r
     B, _, Hq, D = q.shape
     Hkv = k.shape[2]
@@ -340,8 +367,10 @@ def _run(grid, q, k, v, k_joint, v_joint, causal, Sq, Skv, rq, rk, scale, return
                 ka = 0
                 for kf, kn in _group_ranges(grid, rk, j):
                     if qn and kn:
+                        piece = None if block_map is None else block_map.slice(
+                            Sq, Skv, qf, qn, kf, kn, grid.u * hq, hq)
                         res = _block_attention(qr, kb[:, ka:ka + kn], vb[:, ka:ka + kn],
-                                               qf + off - kf, causal, scale, backend)
+                                               qf + off - kf, causal, scale, backend, piece)
                         if res is not None:
                             _merge_into(acc, lacc, *res)
                     ka += kn

@@ -97,6 +97,29 @@ class BlockMap:
         """Share of the (query, key) pairs inside listed blocks: 1 - sparsity."""
         return C.lib.sdpa_block_map_density(ctypes.byref(self._c), int(Sq), int(Skv))
 
+    def slice(self, Sq, Skv, q_first, q_count, kv_first, kv_count, head_first=0, head_count=1):
+        """The piece of this map (for a call of Sq queries and Skv keys) that
+        query rows [q_first, q_first + q_count), keys [kv_first, kv_first +
+        kv_count) and query heads [head_first, head_first + head_count) see,
+        as a map for a call on that piece alone (sdpa_block_map_slice: what a
+        sequence-parallel rank hands its local attention). A map that
+        broadcasts one head stays broadcast."""
+        out = ctypes.POINTER(C.BlockMap)()
+        C.check(C.lib.sdpa_block_map_slice(ctypes.byref(self._c), int(Sq), int(Skv),
+                                           int(q_first), int(q_count), int(kv_first),
+                                           int(kv_count), int(head_first), int(head_count),
+                                           ctypes.byref(out)), "BlockMap.slice")
+        return BlockMap._wrap(out)
+
+    def lists_any(self):
+        """Whether any (batch, head, query block) lists a key block."""
+        c = self._c
+        rows = c.batch * c.heads * c.q_blocks
+        for ptr in (c.full_count, c.partial_count):
+            if ptr and any(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int32))[:rows]):
+                return True
+        return False
+
     @classmethod
     def neighborhood_3d(cls, grid, windows, *, tile=None, prefix=0, causal_time=False,
                         block=128):

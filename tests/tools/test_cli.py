@@ -973,6 +973,33 @@ if "--sp" in sdpa("run", "--help").stdout and mpirun and not SANITIZED:
             fin = np.isfinite(l1)
             check(np.abs(o1 - o2).max() <= 1e-5 and np.array_equal(fin, np.isfinite(l2)) and
                   np.abs(l1[fin] - l2[fin]).max() <= 1e-5, f"--sp {sp}: differs from one process")
+    # a block map (--sparse) over the global positions: every rank's blocks get their piece
+    # (310 rows: shard edges inside the map's 128-blocks), rows that see nothing included
+    for name, shape in (("smq", (1, 310, 4, 16)), ("smk", (1, 310, 2, 16)),
+                        ("smv", (1, 310, 2, 16))):
+        np.save(path(name + ".npy"), rng.uniform(-1, 1, shape).astype(np.float32))
+    sbase = ["--q", path("smq.npy"), "--k", path("smk.npy"), "--v", path("smv.npy"), "--causal",
+             "top-left", "--sparse", "random=0.5", "--threads", "1"]
+    r = sdpa("run", *sbase, "--out", path("sm1.npy"), "--lse", path("sml1.npy"))
+    check(r.returncode == 0, f"single-process sparse run: {r.stderr}")
+    for sp, n in (("ring", 3), ("usp:2x2:zigzag", 4)):
+        r = subprocess.run([mpirun, "-n", str(n), SDPA, "run", *sbase, "--sp", sp, "--out",
+                            path("sm2.npy"), "--lse", path("sml2.npy")], capture_output=True,
+                           text=True, env=mpi_env, timeout=300)
+        ok = r.returncode == 0
+        check(ok, f"--sp {sp} --sparse: {r.stdout} {r.stderr}")
+        if ok:
+            o1, o2 = np.load(path("sm1.npy")), np.load(path("sm2.npy"))
+            l1, l2 = np.load(path("sml1.npy")), np.load(path("sml2.npy"))
+            fin = np.isfinite(l1)
+            check(np.abs(o1 - o2).max() <= 1e-5 and np.array_equal(fin, np.isfinite(l2)) and
+                  np.abs(l1[fin] - l2[fin]).max() <= 1e-5 and not fin.all(),
+                  f"--sp {sp} --sparse: differs from one process")
+    r = subprocess.run([mpirun, "-n", "2", SDPA, "run", *base, "--sparse", "window=8,8", "--sp",
+                        "ring", "--out", path("sm3.npy")], capture_output=True, text=True,
+                       env=mpi_env, timeout=300)
+    check(r.returncode == 2 and "takes only mask->blocks" in r.stderr and
+          not os.path.exists(path("sm3.npy")), f"--sp with a window: {r.stdout} {r.stderr}")
     r = subprocess.run([mpirun, "-n", "2", SDPA, "run", *base, "--sp", "ring", "--out",
                         path("sp3.npy")], capture_output=True, text=True, env=mpi_env, timeout=300)
     check(r.returncode == 0 and os.path.exists(path("sp3.npy")) and
