@@ -17,6 +17,9 @@
  * backend that claims the map equals ref's under the dense mask. Bad maps
  * get INVALID_ARGUMENT naming the field, nothing written.
  */
+#ifdef SDPA_TEST_AMX_EMULATED
+#include "amx_emulated.h"
+#endif
 #include "support/testlib.h"
 #include "core/core.h"
 #include "dispatch/context.h"
@@ -349,6 +352,25 @@ static void maps(void)
                  sdpa_dtype_name(c.dtype));
         one_case(&c, &t.m, &w, &x, what);
         map_free(&t), free(x.key);
+        /* partial blocks that show two keys, each to one row: a kernel that
+         * skips a block none of its rows sees must still run the one whose
+         * rows see a single key (any column) */
+        tl_case c2 = {1, 300, 300, 2, 2, 64, si % 2 ? SDPA_BF16 : SDPA_F16, SDPA_F32,
+                      SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
+        test_map t2;
+        map_make(&t2, &c2, 128, 128, 0, 1, s, 1);
+        const int64_t words = 128 * 128 / 64, entries = t2.m.heads * t2.m.q_blocks * t2.m.index_stride;
+        memset(t2.bits, 0, sizeof(uint64_t) * (size_t)(entries * words));
+        for (int64_t e = 0; e < entries; e++)
+            for (int k = 0; k < 2; k++) {
+                const unsigned bit = draw(128 * 128);
+                t2.bits[e * words + bit / 64] |= (uint64_t)1 << bit % 64;
+            }
+        extras x2 = {{0}, {0}, 0, NULL};
+        snprintf(what, sizeof what, "map s=%.2f %s, partial blocks showing two keys", s,
+                 sdpa_dtype_name(c2.dtype));
+        one_case(&c2, &t2.m, NULL, &x2, what);
+        map_free(&t2);
     }
     /* few query rows per KV head (the kernels' decode path must not take
      * a window or a map: found by fuzz_forward) */
@@ -671,6 +693,20 @@ int main(int argc, char **argv)
     tl_seed_from_env();
     quick = getenv("SDPA_TEST_QUICK") != NULL;
     ctx = tl_context(NULL);
+#ifdef SDPA_TEST_AMX_EMULATED
+    /* cpu.amx's kernel on emulated tiles, wherever AVX512-BF16 runs; under
+     * SDPA_TEST_QUICK (ThreadSanitizer) not where the real tiles run it */
+    int real_amx = 0;
+    for (int i = 0; i < sdpa_backend_count(ctx); i++) {
+        sdpa_backend_info b;
+        real_amx |= sdpa_backend_get(ctx, i, &b) == SDPA_OK && b.present &&
+                    strcmp(b.name, "cpu.amx") == 0;
+    }
+    if (!(quick && real_amx) && sdpa__ctx_add_backend(ctx, sdpa__cpu_amx_emulated()) != SDPA_OK) {
+        printf("cannot add cpu.amx-emulated: %s\n", sdpa_last_error());
+        return 1;
+    }
+#endif
     for (int i = 1; i < argc && n_backends < (int)(sizeof backends / sizeof *backends); i++)
         snprintf(backends[n_backends++], sizeof backends[0], "%s", argv[i]);
     for (int i = 0; i < sdpa_backend_count(ctx) && argc == 1; i++) {

@@ -34,7 +34,8 @@ const sdpa_backend sdpa__backend_cpu_amx = {
     .caps = {.dtypes = SDPA_DTYPE_BIT(SDPA_F16) | SDPA_DTYPE_BIT(SDPA_BF16), .d_min = 1,
              .d_max = 512, .d_multiple = 1, .gqa = 1, .cross = 1, .causal_top_left = 1,
              .causal_bottom_right = 1,
-             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL,
+             .masks = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY | SDPA_MASK_KIND_GENERAL |
+                      SDPA_MASK_KIND_WINDOW | SDPA_MASK_KIND_BLOCKS,
              .lse = 1, .deterministic = 1,
              .mixed_dtypes = 1, /* f16 and bf16 apart: each rounded to bf16 as it is packed */
              /* AVX-512 and AVX512-BF16 for the softmax and the rounding of P */

@@ -47,6 +47,17 @@
  * K and V read in place; packing tiles for one row costs more than the
  * products.
  *
+ * Windows and block maps (sdpa.h): the long path, a row space per head (a
+ * query block then lies in one map row), key blocks of the map's size (64
+ * or 128 keys; 256 for a window alone or under a key mask). A task visits
+ * only the key blocks its map rows list (the others are passed over
+ * without a lookup); a (query block, key block) pair that the window, the
+ * map or a partial block's bits hide entirely is skipped; a FULL block
+ * runs as a dense one, the others get -inf on their hidden scores before
+ * the softmax (one store per hidden score). Costs against the fp32 sparse
+ * path: tasks split rows as on dense calls, not by listed blocks, and K
+ * and V are packed whole, listed or not.
+ *
  * Pipeline: a task's blocks run in sequence, and the scores of each are
  * computed during the softmax of the one before (into the second of two
  * score buffers; the short path keeps two query blocks for it): see
@@ -73,6 +84,7 @@
 
 #include "../../core/convert.h"
 #include "../../core/backend.h"
+#include "../../core/sparse.h"
 #include "../flash_tasks.h"
 #include "../avx512/decode_avx512.h"
 #include "../avx512/vec_avx512.h"
@@ -109,6 +121,7 @@ typedef struct amx_workspace {
     float *s[2];     /* [BQ][kb] scores: this block's, the next block's */
     uint16_t *p;     /* [BQ][kb] bf16 P: A tiles of the second product  */
     uint16_t *stage; /* [32][Dp] rows converted to bf16 (f16, strided)  */
+    uint8_t *listed; /* [key blocks] a map's blocks listed for the task */
 } amx_workspace;
 
 /* One (batch, KV head), packed. */
@@ -127,6 +140,9 @@ typedef struct amx_job {
     int64_t kb;              /* keys per block (a multiple of 32)           */
     int64_t kp;              /* keys of room per slot: Skv rounded up to 32 */
     int is_short;            /* one block holds every key                   */
+    int sparse;              /* a window or a block map (sdpa.h)            */
+    int map_blocks;          /* key blocks are the map's: tasks visit only
+                              * the listed ones (workspace.listed)          */
     flash_split split;
     amx_workspace *ws;       /* [threads]                                   */
     amx_slot *slots;         /* the packing group's                         */
@@ -543,6 +559,17 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
     _mm512_store_ps(qb->l + 16 * r, _mm512_add_ps(_mm512_load_ps(qb->l + 16 * r), sum));
 }
 
+/* A run of a block's columns c0 .. c1 - 1 whose keys lie in key block kb
+ * of the map: what the map row of the query block lists it as (CLASS_*)
+ * and, for a PARTIAL one, its entry. */
+typedef struct amx_keyrun {
+    int c0, c1, cls;
+    int64_t kb, entry;
+} amx_keyrun;
+
+enum { CLASS_NONE = 0, CLASS_FULL = 1, CLASS_PARTIAL = 2 };
+enum { MAX_RUNS = 16 }; /* more (a key mask's gathered keys): looked up key by key */
+
 /* Where a block sits, for its masks. */
 typedef struct amx_block {
     const flash_task *tk;
@@ -552,7 +579,170 @@ typedef struct amx_block {
     int bk, bkp;         /* keys in the block, and rounded up to 32       */
     const int64_t *kidx; /* key numbers under a key mask, else NULL       */
     int causal;          /* causal cuts through this block                */
+    /* windows and block maps: whether they hide anything of the block,
+     * the map row of the query block and the runs of its columns (nruns
+     * -1: too many runs, keys looked up one by one) */
+    int sparse, nruns;
+    int64_t map_row, i_map; /* the map row, and its first query          */
+    amx_keyrun runs[MAX_RUNS];
 } amx_block;
+
+/* What map row `row` lists key block kb as; *entry for a PARTIAL one. */
+static int map_class(const sdpa_block_map *m, int64_t row, int64_t kb, int64_t *entry)
+{
+    if (m->full_count &&
+        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
+        return CLASS_FULL;
+    if (m->partial_count &&
+        (*entry = sdpa__map_find(m->partial_index + row * m->index_stride,
+                                 m->partial_count[row], kb)) >= 0)
+        return CLASS_PARTIAL;
+    return CLASS_NONE;
+}
+
+/*
+ * The window's and the map's part of a block (query rows i0 .. i0 + rows,
+ * packed keys p0 .. p0 + bk; a row space of one head, so row = query):
+ * at->sparse is set when either hides some of it, and the map's verdict on
+ * each run of columns in one of its key blocks is kept for the rows (a
+ * query block of 32 rows lies in one map row: block_q is 64 or 128). A
+ * FULL run, or a PARTIAL one without bits, needs nothing: causal and the
+ * other masks apply as they do on dense calls.
+ */
+static void sparse_prepare(const amx_job *jb, amx_block *at)
+{
+    const sdpa_call *c = jb->c;
+    const sdpa_mask *mk = c->mask;
+    const flash_task *tk = at->tk;
+    const int64_t j0 = flash_key(at->kidx, at->p0), j1 = flash_key(at->kidx, at->p0 + at->bk - 1);
+    at->sparse = 0, at->nruns = 0;
+    if (mk->window) {
+        int64_t len_q, len_kv, lo_first, hi_first, lo_last, hi_last;
+        sdpa__seq_lens(c, tk->b, &len_q, &len_kv);
+        sdpa__window_keys(mk->window, at->i0, len_kv - len_q, &lo_first, &hi_first);
+        sdpa__window_keys(mk->window, at->i0 + at->rows - 1, len_kv - len_q, &lo_last, &hi_last);
+        at->sparse = lo_last > j0 || hi_first < j1;
+    }
+    const sdpa_block_map *m = mk->blocks;
+    if (!m)
+        return;
+    at->map_row = sdpa__map_row(m, tk->b, tk->h, at->i0 / m->block_q);
+    at->i_map = at->i0 / m->block_q * m->block_q;
+    for (int col = 0; col < at->bk;) {
+        const int64_t kb = flash_key(at->kidx, at->p0 + col) / m->block_kv;
+        int end = col + 1;
+        if (!at->kidx)
+            end = (int)((kb + 1) * m->block_kv - at->p0 < at->bk ? (kb + 1) * m->block_kv - at->p0
+                                                                 : at->bk);
+        else
+            while (end < at->bk && at->kidx[at->p0 + end] / m->block_kv == kb)
+                end++;
+        if (at->nruns == MAX_RUNS) {
+            at->nruns = -1, at->sparse = 1;
+            return;
+        }
+        amx_keyrun *run = &at->runs[at->nruns++];
+        run->c0 = col, run->c1 = end, run->kb = kb, run->entry = -1;
+        run->cls = map_class(m, at->map_row, kb, &run->entry);
+        at->sparse |= run->cls == CLASS_NONE || (run->cls == CLASS_PARTIAL && m->partial_bits);
+        col = end;
+    }
+}
+
+/* The bits of word wi of a map block's row that a run's columns cover
+ * (base: the column of the map block's first key). */
+static inline uint64_t run_word(const amx_keyrun *run, int64_t base, int wi)
+{
+    const int64_t lo = run->c0 - base - 64 * wi, hi = run->c1 - base - 64 * wi;
+    const int a = lo > 0 ? (int)lo : 0, z = hi < 64 ? (int)hi : 64;
+    if (a >= z)
+        return 0;
+    return (z == 64 ? ~(uint64_t)0 : ((uint64_t)1 << z) - 1) & ~(((uint64_t)1 << a) - 1);
+}
+
+/* Whether a block's runs (sparse_prepare) show its rows anything: a
+ * PARTIAL run's bits are read for rows i0 .. i0 + rows and its columns
+ * (a word per row and 64 keys); a block that shows nothing is skipped. */
+static int sparse_shows_any(const amx_job *jb, const amx_block *at)
+{
+    const sdpa_block_map *m = jb->c->mask->blocks;
+    if (!m || at->nruns < 0)
+        return 1;
+    const int wpr = m->block_kv / 64;
+    for (int n = 0; n < at->nruns; n++) {
+        const amx_keyrun *run = &at->runs[n];
+        if (run->cls == CLASS_FULL || (run->cls == CLASS_PARTIAL && !m->partial_bits))
+            return 1;
+        if (run->cls == CLASS_NONE)
+            continue;
+        if (at->kidx) /* gathered keys: not worth a bit walk */
+            return 1;
+        const uint64_t *bits = m->partial_bits +
+                               (at->map_row * m->index_stride + run->entry) * sdpa__map_words(m);
+        const int64_t base = run->kb * m->block_kv - at->p0;
+        for (int wi = 0; wi < wpr; wi++) {
+            const uint64_t cols = run_word(run, base, wi);
+            for (int r = 0; r < at->rows && cols; r++)
+                if (bits[(at->i0 + r - at->i_map) * wpr + wi] & cols)
+                    return 1;
+        }
+    }
+    return 0;
+}
+
+/* The window and the map on row r of a block's scores: hidden keys' scores
+ * become -inf (only the hidden ones are stored to). */
+static void sparse_mask_row(const amx_job *jb, const amx_block *at, int r, float *s)
+{
+    const sdpa_call *c = jb->c;
+    const sdpa_mask *mk = c->mask;
+    const int64_t i = at->i0 + r;
+    if (mk->window) {
+        int64_t len_q, len_kv, lo, hi;
+        sdpa__seq_lens(c, at->tk->b, &len_q, &len_kv);
+        sdpa__window_keys(mk->window, i, len_kv - len_q, &lo, &hi);
+        for (int col = 0; col < at->bk; col++) {
+            const int64_t key = flash_key(at->kidx, at->p0 + col);
+            if (key < lo || key > hi)
+                s[col] = -INFINITY;
+        }
+    }
+    const sdpa_block_map *m = mk->blocks;
+    if (!m)
+        return;
+    if (at->nruns < 0) { /* many runs: each key's own lookup */
+        for (int col = 0; col < at->bk; col++)
+            if (!sdpa__map_visible(m, at->tk->b, at->tk->h, i, flash_key(at->kidx, at->p0 + col)))
+                s[col] = -INFINITY;
+        return;
+    }
+    const int wpr = m->block_kv / 64;
+    for (int n = 0; n < at->nruns; n++) {
+        const amx_keyrun *run = &at->runs[n];
+        if (run->cls == CLASS_NONE) {
+            for (int col = run->c0; col < run->c1; col++)
+                s[col] = -INFINITY;
+        } else if (run->cls == CLASS_PARTIAL && m->partial_bits) {
+            const uint64_t *rw = m->partial_bits +
+                                 (at->map_row * m->index_stride + run->entry) * sdpa__map_words(m) +
+                                 (i - at->i_map) * wpr;
+            if (at->kidx) {
+                for (int col = run->c0; col < run->c1; col++) {
+                    const int64_t bit = at->kidx[at->p0 + col] % m->block_kv;
+                    if (!(rw[bit >> 6] >> (bit & 63) & 1u))
+                        s[col] = -INFINITY;
+                }
+                continue;
+            }
+            /* keys kb * block_kv + b for bits b: only the hidden ones are touched */
+            const int64_t base = run->kb * m->block_kv - at->p0; /* column of bit 0 */
+            for (int wi = 0; wi < wpr; wi++)
+                for (uint64_t hidden = ~rw[wi] & run_word(run, base, wi); hidden;
+                     hidden &= hidden - 1)
+                    s[base + 64 * wi + __builtin_ctzll(hidden)] = -INFINITY;
+        }
+    }
+}
 
 /* The general mask (sdpa.h) on row i of (b, h): s = c s + mask in log2
  * units, -inf for hidden keys. */
@@ -577,7 +767,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     const sdpa_mask *mk = jb->c->mask && jb->c->mask->general ? jb->c->mask : NULL;
     const int nv = at->bkp / 16;
     const int64_t kb = jb->kb, Dv = jb->Dv;
-    if (!at->causal && !mk) {
+    if (!at->causal && !mk && !at->sparse) {
         for (int r = 0; r < BQ; r++) {
             softmax_row(sbuf + r * kb, w->p + r * kb, nv, at->bk, jb->c_log2, qb, r, Dv);
             scores_run(jb, ahead, r + 1);
@@ -600,6 +790,8 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
             }
         }
         float c = jb->c_log2;
+        if (at->sparse && r < at->rows && limit > 0)
+            sparse_mask_row(jb, at, r, s);
         if (mk && r < at->rows && limit > 0) {
             int64_t h, i;
             flash_row(tk, at->i0 + r, &h, &i);
@@ -660,12 +852,25 @@ static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task 
 }
 
 /* Whether the query block of rows i0.. sees any key of the block of packed
- * keys p0.. (causal calls skip those it does not). */
+ * keys p0.. (of nk): causal calls skip those it does not, and windows and
+ * maps those they hide (one lookup per map block the block covers). */
 static int block_sees(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t i0,
-                      int64_t p0)
+                      int64_t p0, int64_t nk)
 {
     const int rows = flash_block_rows(jb->split.rows, i0, BQ);
-    return !tk->causal || flash_key(sl->kidx, p0) <= i0 + rows - 1 + tk->offset;
+    if (tk->causal && flash_key(sl->kidx, p0) > i0 + rows - 1 + tk->offset)
+        return 0;
+    if (!jb->sparse)
+        return 1;
+    const int64_t last = (nk - p0 < jb->kb ? nk : p0 + jb->kb) - 1;
+    if (!sdpa__sparse_tile_sees(jb->c, tk->b, tk->h, i0, i0 + rows, flash_key(sl->kidx, p0),
+                                flash_key(sl->kidx, last)))
+        return 0;
+    if (!jb->c->mask->blocks || !jb->c->mask->blocks->partial_bits)
+        return 1;
+    amx_block at = {tk, i0, rows, p0, (int)(last - p0 + 1), 0, sl->kidx, 0, 0, 0, 0, 0, {{0}}};
+    sparse_prepare(jb, &at);
+    return sparse_shows_any(jb, &at);
 }
 
 /* A task's blocks run in a sequence, each block's scores computed during
@@ -691,8 +896,10 @@ static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, con
 {
     const int rows = flash_block_rows(jb->split.rows, i0, BQ);
     const int64_t k_last = flash_key(sl->kidx, p0 + bk - 1);
-    const amx_block at = {tk, i0, rows, p0, bk, (bk + 31) / 32 * 32, sl->kidx,
-                          tk->causal && k_last > i0 + tk->offset};
+    amx_block at = {tk, i0, rows, p0, bk, (bk + 31) / 32 * 32, sl->kidx,
+                    tk->causal && k_last > i0 + tk->offset, 0, 0, 0, 0, {{0}}};
+    if (jb->sparse)
+        sparse_prepare(jb, &at);
     float *s = w->s[pp->cur];
     if (!pp->ready) {
         amx_scores now = scores_begin(jb, qb, sl, p0, at.bkp, s);
@@ -714,11 +921,11 @@ static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, con
 /* From (q, p0) on, in the order the long path runs (query blocks within a
  * key block), the first block that sees keys; 0 when none is left. */
 static int next_seen(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t nk,
-                     int *q, int64_t *p0)
+                     int *q, int64_t *p0, const uint8_t *listed)
 {
     for (; *p0 < nk; *p0 += jb->kb, *q = 0)
-        for (; *q < tk->nqb; ++*q)
-            if (block_sees(jb, sl, tk, tk->i_first + (int64_t)*q * BQ, *p0))
+        for (; *q < tk->nqb && (!listed || listed[*p0 / jb->kb]); ++*q)
+            if (block_sees(jb, sl, tk, tk->i_first + (int64_t)*q * BQ, *p0, nk))
                 return 1;
     return 0;
 }
@@ -779,9 +986,9 @@ static void amx_task(void *arg, int64_t task, int worker)
                 flash_prefetch_rows(c->q, &tk, i0 + 2 * BQ,
                                     flash_block_rows(jb->split.rows, i0 + 2 * BQ, BQ), d->D, 0);
             flash_prefetch_rows(c->out, &tk, i0, rows, d->D, 1);
-            if (nk > 0 && block_sees(jb, sl, &tk, i0, 0))
+            if (nk > 0 && block_sees(jb, sl, &tk, i0, 0, nk))
                 block(jb, w, qb, sl, &tk, i0, 0, (int)nk, &pp,
-                      has_next && block_sees(jb, sl, &tk, i0 + BQ, 0) ? &next : NULL);
+                      has_next && block_sees(jb, sl, &tk, i0 + BQ, 0, nk) ? &next : NULL);
             store_out(jb, qb, &tk, i0, rows);
         }
     } else { /* query blocks resident, key blocks streaming past once */
@@ -791,13 +998,32 @@ static void amx_task(void *arg, int64_t task, int worker)
         }
         int q = 0;
         int64_t p0 = 0;
-        int more = next_seen(jb, sl, &tk, nk, &q, &p0);
+        /* a map's key blocks that any of the task's rows' map rows lists:
+         * the others are passed over without a lookup */
+        const uint8_t *listed = NULL;
+        if (jb->map_blocks && tk.nqb > 0) {
+            const sdpa_block_map *m = c->mask->blocks;
+            memset(w->listed, 0, (size_t)m->kv_blocks);
+            const int64_t i_last = tk.i_first + (int64_t)tk.nqb * BQ - 1;
+            for (int64_t mq = tk.i_first / m->block_q;
+                 mq <= i_last / m->block_q && mq < m->q_blocks; mq++) {
+                const int64_t row = sdpa__map_row(m, tk.b, tk.h, mq);
+                for (int l = 0; l < 2; l++) {
+                    const int32_t *cnt = l ? m->partial_count : m->full_count;
+                    const int32_t *idx = l ? m->partial_index : m->full_index;
+                    for (int32_t e = 0; cnt && e < cnt[row]; e++)
+                        w->listed[idx[row * m->index_stride + e]] = 1;
+                }
+            }
+            listed = w->listed;
+        }
+        int more = next_seen(jb, sl, &tk, nk, &q, &p0, listed);
         while (more) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             const int bk = (int)(nk - p0 < jb->kb ? nk - p0 : jb->kb);
             int qn = q + 1;
             int64_t pn = p0;
-            more = next_seen(jb, sl, &tk, nk, &qn, &pn);
+            more = next_seen(jb, sl, &tk, nk, &qn, &pn, listed);
             const amx_next next = {&w->qb[qn < tk.nqb ? qn : 0], pn,
                                    (int)(nk - pn < jb->kb ? nk - pn : jb->kb)};
             if (p0 + jb->kb >= nk) /* the last key block: its output rows come next */
@@ -848,20 +1074,26 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     jb.Dp = (d->D + 31) / 32 * 32;
     jb.Dv = (d->D + 15) / 16 * 16;
     jb.kp = (d->Skv + 31) / 32 * 32;
-    jb.is_short = d->Skv <= SHORT_KEYS;
-    jb.kb = jb.is_short ? jb.kp : BK_LONG;
-    jb.split = flash_split_make(d, BQ, threads, flash_groups_heads(c, BQ), jb.is_short ? 16 : 4,
-                                jb.is_short ? 2 : 4);
+    /* windows and maps: the long path, a row space per head (a query
+     * block in one map row), key blocks of the map's size where keys are
+     * not gathered by a key mask (a block is then listed or not as a whole) */
+    jb.sparse = c->mask && (c->mask->window || c->mask->blocks);
+    const int key_mask = c->mask && c->mask->key;
+    jb.is_short = !jb.sparse && d->Skv <= SHORT_KEYS;
+    jb.map_blocks = jb.sparse && c->mask->blocks && !key_mask;
+    jb.kb = jb.is_short ? jb.kp : jb.map_blocks ? c->mask->blocks->block_kv : BK_LONG;
+    jb.split = flash_split_make(d, BQ, threads, !jb.sparse && flash_groups_heads(c, BQ),
+                                jb.is_short ? 16 : 4, jb.is_short ? 2 : 4);
     jb.spaces_per_slot = jb.split.group > 1 ? 1 : d->Hq / d->Hkv;
     jb.c_log2 = (float)(fabs(c->scale) * LOG2E);
     jb.qsign = c->scale < 0 ? 0x8000 : 0;
     const int64_t Dp = jb.Dp, Dv = jb.Dv, kb = jb.kb, kv_rows = d->B * d->Hkv;
-    const int key_mask = c->mask && c->mask->key;
     /* per thread: resident query blocks, S, P, a stage of 32 rows */
     const int resident = jb.is_short ? 2 : jb.split.qb_per_task;
     const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dv * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
+    const size_t listed = jb.map_blocks ? R64(c->mask->blocks->kv_blocks) : 0;
     const size_t per_thread = per_qb * (size_t)resident + 2 * R64(BQ * kb * 4) + R64(BQ * kb * 2) +
-                              R64(32 * Dp * 2);
+                              R64(32 * Dp * 2) + listed;
     /* per slot: packed K and V, the visible keys under a key mask */
     const size_t per_slot =
         R64(jb.kp * Dp * 2) + R64(jb.kp * Dv * 2) + (key_mask ? R64(d->Skv * 8) : 0);
@@ -897,6 +1129,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
         }
         w->p = (uint16_t *)p, p += R64(BQ * kb * 2);
         w->stage = (uint16_t *)p, p += R64(32 * Dp * 2);
+        w->listed = listed ? (uint8_t *)p : NULL, p += listed;
     }
     for (int64_t s = 0; s < group; s++) {
         amx_slot *sl = &jb.slots[s];
