@@ -485,9 +485,13 @@ sdpa_status sdpa_block_map_slice(const sdpa_block_map *m, int64_t Sq, int64_t Sk
         int64_t at_f = 0, at_p = 0;
         for (int64_t r = 0; r < rows; r++) {
             full_count[r] = nfull[r], partial_count[r] = npart[r];
-            memcpy(full_index + r * stride, full.index + at_f, sizeof(int32_t) * (size_t)nfull[r]);
-            memcpy(partial_index + r * stride, part.index + at_p, sizeof(int32_t) * (size_t)npart[r]);
-            if (pbits)
+            if (nfull[r]) /* an empty list may have no array at all */
+                memcpy(full_index + r * stride, full.index + at_f,
+                       sizeof(int32_t) * (size_t)nfull[r]);
+            if (npart[r])
+                memcpy(partial_index + r * stride, part.index + at_p,
+                       sizeof(int32_t) * (size_t)npart[r]);
+            if (pbits && npart[r])
                 memcpy(pbits + r * stride * words, part.bits + at_p * words,
                        sizeof(uint64_t) * (size_t)(npart[r] * words));
             at_f += nfull[r], at_p += npart[r];
