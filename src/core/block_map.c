@@ -111,7 +111,6 @@ static void bits_run(void *arg, int64_t a, int64_t b)
     }
 }
 
-enum { CLASS_NONE = 0, CLASS_FULL = 1, CLASS_PARTIAL = 2 };
 
 /* A map in one allocation (freed by sdpa_block_map_free): header, counts,
  * lists of `stride` entries per row, and bits for every entry position
@@ -194,10 +193,10 @@ sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdp
             uint8_t *c = cls + (h * nq + qb) * nq;
             for (int64_t kb = 0; kb < nq; kb++) {
                 const int64_t keys = (kb + 1) * block < N ? block : N - kb * block;
-                c[kb] = count[kb] == 0                          ? CLASS_NONE
-                        : count[kb] == keys * (i1 - qb * block) ? CLASS_FULL
-                                                                : CLASS_PARTIAL;
-                nf += c[kb] == CLASS_FULL, np += c[kb] == CLASS_PARTIAL;
+                c[kb] = count[kb] == 0                          ? SDPA_MAP_NONE
+                        : count[kb] == keys * (i1 - qb * block) ? SDPA_MAP_FULL
+                                                                : SDPA_MAP_PARTIAL;
+                nf += c[kb] == SDPA_MAP_FULL, np += c[kb] == SDPA_MAP_PARTIAL;
             }
             max_list = nf > max_list ? nf : max_list;
             max_list = np > max_list ? np : max_list;
@@ -222,9 +221,9 @@ sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdp
             int32_t nf = 0, np = 0;
             for (int64_t kb = 0; kb < nq; kb++) {
                 slot[kb] = -1;
-                if (c[kb] == CLASS_FULL)
+                if (c[kb] == SDPA_MAP_FULL)
                     full_index[row * max_list + nf++] = (int32_t)kb;
-                else if (c[kb] == CLASS_PARTIAL)
+                else if (c[kb] == SDPA_MAP_PARTIAL)
                     slot[kb] = np, partial_index[row * max_list + np++] = (int32_t)kb;
             }
             full_count[row] = nf, partial_count[row] = np;
@@ -320,20 +319,6 @@ static int grow_push(grow_list *g, int32_t kb, const uint64_t *bits)
     return 1;
 }
 
-/* Where key block kb stands in map row `row`: 1 FULL, 2 PARTIAL (entry
- * *n), 0 unlisted. */
-static int map_class(const sdpa_block_map *m, int64_t row, int64_t kb, int64_t *n)
-{
-    if (m->full_count &&
-        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
-        return CLASS_FULL;
-    if (m->partial_count &&
-        (*n = sdpa__map_find(m->partial_index + row * m->index_stride, m->partial_count[row],
-                             kb)) >= 0)
-        return CLASS_PARTIAL;
-    return CLASS_NONE;
-}
-
 /* The bits of one block of the slice: rows q0 .. q0 + rn - 1 and keys
  * k0 .. k0 + cn - 1 of the map (global positions), row r of the block at
  * bit r * bk. Returns how many are set. */
@@ -348,12 +333,12 @@ static int64_t slice_block_bits(const sdpa_block_map *m, int64_t b, int64_t h, i
         const int64_t i1 = (g + 1) * bq < q0 + rn ? (g + 1) * bq : q0 + rn;
         for (int64_t kb = k0 / bk; kb <= (k0 + cn - 1) / bk; kb++) {
             int64_t n = -1;
-            const int cls = map_class(m, row, kb, &n);
-            if (cls == CLASS_NONE)
+            const int cls = sdpa__map_class(m, row, kb, &n);
+            if (cls == SDPA_MAP_NONE)
                 continue;
             const int64_t j0 = kb * bk > k0 ? kb * bk : k0;
             const int64_t j1 = (kb + 1) * bk < k0 + cn ? (kb + 1) * bk : k0 + cn;
-            const uint64_t *src = cls == CLASS_PARTIAL && m->partial_bits
+            const uint64_t *src = cls == SDPA_MAP_PARTIAL && m->partial_bits
                                       ? m->partial_bits + (row * m->index_stride + n) * words
                                       : NULL;
             for (int64_t i = i0; i < i1; i++)

@@ -51,6 +51,22 @@ static inline int64_t sdpa__map_find(const int32_t *idx, int32_t n, int64_t kb)
     return lo < n && idx[lo] == kb ? lo : -1;
 }
 
+/* What map row `row` lists key block kb as: SDPA_MAP_FULL, SDPA_MAP_PARTIAL
+ * (its entry in *entry) or SDPA_MAP_NONE (two searches at most). */
+enum { SDPA_MAP_NONE = 0, SDPA_MAP_FULL = 1, SDPA_MAP_PARTIAL = 2 };
+static inline int sdpa__map_class(const sdpa_block_map *m, int64_t row, int64_t kb,
+                                  int64_t *entry)
+{
+    if (m->full_count &&
+        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
+        return SDPA_MAP_FULL;
+    if (m->partial_count &&
+        (*entry = sdpa__map_find(m->partial_index + row * m->index_stride,
+                                 m->partial_count[row], kb)) >= 0)
+        return SDPA_MAP_PARTIAL;
+    return SDPA_MAP_NONE;
+}
+
 /* Whether entry n of map row `row` (a PARTIAL block) shows key c of the
  * block to its row r. */
 static inline int sdpa__map_bit(const sdpa_block_map *m, int64_t row, int64_t n, int64_t r,

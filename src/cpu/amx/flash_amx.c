@@ -560,14 +560,13 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
 }
 
 /* A run of a block's columns c0 .. c1 - 1 whose keys lie in key block kb
- * of the map: what the map row of the query block lists it as (CLASS_*)
+ * of the map: what the map row of the query block lists it as (SDPA_MAP_*)
  * and, for a PARTIAL one, its entry. */
 typedef struct amx_keyrun {
     int c0, c1, cls;
     int64_t kb, entry;
 } amx_keyrun;
 
-enum { CLASS_NONE = 0, CLASS_FULL = 1, CLASS_PARTIAL = 2 };
 enum { MAX_RUNS = 16 }; /* more (a key mask's gathered keys): looked up key by key */
 
 /* Where a block sits, for its masks. */
@@ -586,19 +585,6 @@ typedef struct amx_block {
     int64_t map_row, i_map; /* the map row, and its first query          */
     amx_keyrun runs[MAX_RUNS];
 } amx_block;
-
-/* What map row `row` lists key block kb as; *entry for a PARTIAL one. */
-static int map_class(const sdpa_block_map *m, int64_t row, int64_t kb, int64_t *entry)
-{
-    if (m->full_count &&
-        sdpa__map_find(m->full_index + row * m->index_stride, m->full_count[row], kb) >= 0)
-        return CLASS_FULL;
-    if (m->partial_count &&
-        (*entry = sdpa__map_find(m->partial_index + row * m->index_stride,
-                                 m->partial_count[row], kb)) >= 0)
-        return CLASS_PARTIAL;
-    return CLASS_NONE;
-}
 
 /*
  * The window's and the map's part of a block (query rows i0 .. i0 + rows,
@@ -643,8 +629,8 @@ static void sparse_prepare(const amx_job *jb, amx_block *at)
         }
         amx_keyrun *run = &at->runs[at->nruns++];
         run->c0 = col, run->c1 = end, run->kb = kb, run->entry = -1;
-        run->cls = map_class(m, at->map_row, kb, &run->entry);
-        at->sparse |= run->cls == CLASS_NONE || (run->cls == CLASS_PARTIAL && m->partial_bits);
+        run->cls = sdpa__map_class(m, at->map_row, kb, &run->entry);
+        at->sparse |= run->cls == SDPA_MAP_NONE || (run->cls == SDPA_MAP_PARTIAL && m->partial_bits);
         col = end;
     }
 }
@@ -671,9 +657,9 @@ static int sparse_shows_any(const amx_job *jb, const amx_block *at)
     const int wpr = m->block_kv / 64;
     for (int n = 0; n < at->nruns; n++) {
         const amx_keyrun *run = &at->runs[n];
-        if (run->cls == CLASS_FULL || (run->cls == CLASS_PARTIAL && !m->partial_bits))
+        if (run->cls == SDPA_MAP_FULL || (run->cls == SDPA_MAP_PARTIAL && !m->partial_bits))
             return 1;
-        if (run->cls == CLASS_NONE)
+        if (run->cls == SDPA_MAP_NONE)
             continue;
         if (at->kidx) /* gathered keys: not worth a bit walk */
             return 1;
@@ -719,10 +705,10 @@ static void sparse_mask_row(const amx_job *jb, const amx_block *at, int r, float
     const int wpr = m->block_kv / 64;
     for (int n = 0; n < at->nruns; n++) {
         const amx_keyrun *run = &at->runs[n];
-        if (run->cls == CLASS_NONE) {
+        if (run->cls == SDPA_MAP_NONE) {
             for (int col = run->c0; col < run->c1; col++)
                 s[col] = -INFINITY;
-        } else if (run->cls == CLASS_PARTIAL && m->partial_bits) {
+        } else if (run->cls == SDPA_MAP_PARTIAL && m->partial_bits) {
             const uint64_t *rw = m->partial_bits +
                                  (at->map_row * m->index_stride + run->entry) * sdpa__map_words(m) +
                                  (i - at->i_map) * wpr;
