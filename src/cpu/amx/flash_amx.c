@@ -48,15 +48,15 @@
  * products.
  *
  * Windows and block maps (sdpa.h): the long path, a row space per head (a
- * query block then lies in one map row), key blocks of the map's size (64
- * or 128 keys; 256 for a window alone or under a key mask). A task visits
- * only the key blocks its map rows list (the others are passed over
- * without a lookup); a (query block, key block) pair that the window, the
+ * query block then lies in one map row). A task visits only the key
+ * blocks its map rows list (the others are passed over without a lookup),
+ * consecutive ones that all its map rows list joined up to 256 keys
+ * (key_block_keys); a (query block, key block) pair that the window, the
  * map or a partial block's bits hide entirely is skipped; a FULL block
  * runs as a dense one, the others get -inf on their hidden scores before
- * the softmax (one store per hidden score). Costs against the fp32 sparse
- * path: tasks split rows as on dense calls, not by listed blocks, and K
- * and V are packed whole, listed or not.
+ * the softmax (a masked store per 16 scores). Costs against the fp32
+ * sparse path: tasks split rows as on dense calls, not by listed blocks,
+ * and K and V are packed whole, listed or not.
  *
  * Pipeline: a task's blocks run in sequence, and the scores of each are
  * computed during the softmax of the one before (into the second of two
@@ -121,7 +121,8 @@ typedef struct amx_workspace {
     float *s[2];     /* [BQ][kb] scores: this block's, the next block's */
     uint16_t *p;     /* [BQ][kb] bf16 P: A tiles of the second product  */
     uint16_t *stage; /* [32][Dp] rows converted to bf16 (f16, strided)  */
-    uint8_t *listed; /* [key blocks] a map's blocks listed for the task */
+    uint8_t *listed; /* [key blocks] how many of the task's map rows
+                      * list each of the map's key blocks             */
 } amx_workspace;
 
 /* One (batch, KV head), packed. */
@@ -137,7 +138,7 @@ typedef struct amx_job {
     const sdpa_call *c;
     int64_t Dp;              /* D rounded up to 32: Q and K (reduction)     */
     int64_t Dv;              /* D rounded up to 16: V and O (output columns) */
-    int64_t kb;              /* keys per block (a multiple of 32)           */
+    int64_t kb;              /* keys per block, at most (a multiple of 32)  */
     int64_t kp;              /* keys of room per slot: Skv rounded up to 32 */
     int is_short;            /* one block holds every key                   */
     int sparse;              /* a window or a block map (sdpa.h)            */
@@ -720,12 +721,17 @@ static void sparse_mask_row(const amx_job *jb, const amx_block *at, int r, float
                 }
                 continue;
             }
-            /* keys kb * block_kv + b for bits b: only the hidden ones are touched */
+            /* keys kb * block_kv + b for bits b: a masked store per 16
+             * (a store per hidden score was 7% of a 3-D neighbourhood's
+             * time, where most keys of a partial block are hidden) */
             const int64_t base = run->kb * m->block_kv - at->p0; /* column of bit 0 */
-            for (int wi = 0; wi < wpr; wi++)
-                for (uint64_t hidden = ~rw[wi] & run_word(run, base, wi); hidden;
-                     hidden &= hidden - 1)
-                    s[base + 64 * wi + __builtin_ctzll(hidden)] = -INFINITY;
+            const __m512 ninf = _mm512_set1_ps(-INFINITY);
+            for (int wi = 0; wi < wpr; wi++) {
+                const uint64_t hidden = ~rw[wi] & run_word(run, base, wi);
+                for (int g = 0; g < 4 && hidden >> 16 * g; g++)
+                    _mm512_mask_storeu_ps(s + base + 64 * wi + 16 * g,
+                                          (__mmask16)(hidden >> 16 * g), ninf);
+            }
         }
     }
 }
@@ -838,17 +844,17 @@ static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task 
 }
 
 /* Whether the query block of rows i0.. sees any key of the block of packed
- * keys p0.. (of nk): causal calls skip those it does not, and windows and
+ * keys p0 .. p0 + bk: causal calls skip those it does not, and windows and
  * maps those they hide (one lookup per map block the block covers). */
 static int block_sees(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t i0,
-                      int64_t p0, int64_t nk)
+                      int64_t p0, int bk)
 {
     const int rows = flash_block_rows(jb->split.rows, i0, BQ);
     if (tk->causal && flash_key(sl->kidx, p0) > i0 + rows - 1 + tk->offset)
         return 0;
     if (!jb->sparse)
         return 1;
-    const int64_t last = (nk - p0 < jb->kb ? nk : p0 + jb->kb) - 1;
+    const int64_t last = p0 + bk - 1;
     if (!sdpa__sparse_tile_sees(jb->c, tk->b, tk->h, i0, i0 + rows, flash_key(sl->kidx, p0),
                                 flash_key(sl->kidx, last)))
         return 0;
@@ -904,15 +910,53 @@ static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, con
     pp->ready = next != NULL;
 }
 
-/* From (q, p0) on, in the order the long path runs (query blocks within a
- * key block), the first block that sees keys; 0 when none is left. */
-static int next_seen(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t nk,
-                     int *q, int64_t *p0, const uint8_t *listed)
+/* The task's map: for each key block of the map, how many of the map rows
+ * its query rows fall in list it (`listed`, of `rows` map rows). */
+typedef struct amx_listed {
+    const uint8_t *count;
+    int rows;
+    int64_t block_kv;
+} amx_listed;
+
+/*
+ * Keys of the key block that starts at packed key p0 (of nk): kb, or for a
+ * map the map block at p0 and the consecutive ones after it that every map
+ * row of the task lists, up to kb keys. Why join them: a block of 128 keys
+ * loads and stores O's tiles and runs the softmax's per-row steps for half
+ * the products of one of 256 (about 5% more tile operations, measured as
+ * 0.96x of the dense call on a map listing every block); a block some map
+ * row of the task does not list stays alone, so no query block computes
+ * scores its map row hides.
+ */
+static int key_block_keys(const amx_job *jb, int64_t p0, int64_t nk, const amx_listed *ls)
 {
-    for (; *p0 < nk; *p0 += jb->kb, *q = 0)
-        for (; *q < tk->nqb && (!listed || listed[*p0 / jb->kb]); ++*q)
-            if (block_sees(jb, sl, tk, tk->i_first + (int64_t)*q * BQ, *p0, nk))
+    int64_t end = p0 + jb->kb;
+    if (ls) {
+        end = p0 + ls->block_kv;
+        if (ls->count[p0 / ls->block_kv] == ls->rows)
+            while (end < nk && end - p0 < jb->kb && ls->count[end / ls->block_kv] == ls->rows)
+                end += ls->block_kv;
+    }
+    return (int)((end < nk ? end : nk) - p0);
+}
+
+/* From (q, p0) on, in the order the long path runs (query blocks within a
+ * key block), the first block that sees keys, its keys in *bk; 0 when none
+ * is left. */
+static int next_seen(const amx_job *jb, const amx_slot *sl, const flash_task *tk, int64_t nk,
+                     int *q, int64_t *p0, int *bk, const amx_listed *ls)
+{
+    for (; *p0 < nk; *q = 0) {
+        if (ls && !ls->count[*p0 / ls->block_kv]) { /* passed over without a lookup */
+            *p0 += ls->block_kv;
+            continue;
+        }
+        *bk = key_block_keys(jb, *p0, nk, ls);
+        for (; *q < tk->nqb; ++*q)
+            if (block_sees(jb, sl, tk, tk->i_first + (int64_t)*q * BQ, *p0, *bk))
                 return 1;
+        *p0 += *bk;
+    }
     return 0;
 }
 
@@ -972,9 +1016,9 @@ static void amx_task(void *arg, int64_t task, int worker)
                 flash_prefetch_rows(c->q, &tk, i0 + 2 * BQ,
                                     flash_block_rows(jb->split.rows, i0 + 2 * BQ, BQ), d->D, 0);
             flash_prefetch_rows(c->out, &tk, i0, rows, d->D, 1);
-            if (nk > 0 && block_sees(jb, sl, &tk, i0, 0, nk))
+            if (nk > 0 && block_sees(jb, sl, &tk, i0, 0, (int)nk))
                 block(jb, w, qb, sl, &tk, i0, 0, (int)nk, &pp,
-                      has_next && block_sees(jb, sl, &tk, i0 + BQ, 0, nk) ? &next : NULL);
+                      has_next && block_sees(jb, sl, &tk, i0 + BQ, 0, (int)nk) ? &next : NULL);
             store_out(jb, qb, &tk, i0, rows);
         }
     } else { /* query blocks resident, key blocks streaming past once */
@@ -984,39 +1028,39 @@ static void amx_task(void *arg, int64_t task, int worker)
         }
         int q = 0;
         int64_t p0 = 0;
-        /* a map's key blocks that any of the task's rows' map rows lists:
-         * the others are passed over without a lookup */
-        const uint8_t *listed = NULL;
+        /* how many of the task's map rows list each key block of the map:
+         * the unlisted are passed over without a lookup */
+        amx_listed listed = {w->listed, 0, 0}, *ls = NULL;
         if (jb->map_blocks && tk.nqb > 0) {
             const sdpa_block_map *m = c->mask->blocks;
             memset(w->listed, 0, (size_t)m->kv_blocks);
             const int64_t i_last = tk.i_first + (int64_t)tk.nqb * BQ - 1;
             for (int64_t mq = tk.i_first / m->block_q;
-                 mq <= i_last / m->block_q && mq < m->q_blocks; mq++) {
+                 mq <= i_last / m->block_q && mq < m->q_blocks; mq++, listed.rows++) {
                 const int64_t row = sdpa__map_row(m, tk.b, tk.h, mq);
                 for (int l = 0; l < 2; l++) {
                     const int32_t *cnt = l ? m->partial_count : m->full_count;
                     const int32_t *idx = l ? m->partial_index : m->full_index;
                     for (int32_t e = 0; cnt && e < cnt[row]; e++)
-                        w->listed[idx[row * m->index_stride + e]] = 1;
+                        w->listed[idx[row * m->index_stride + e]]++;
                 }
             }
-            listed = w->listed;
+            listed.block_kv = m->block_kv;
+            ls = &listed;
         }
-        int more = next_seen(jb, sl, &tk, nk, &q, &p0, listed);
+        int bk = 0;
+        int more = next_seen(jb, sl, &tk, nk, &q, &p0, &bk, ls);
         while (more) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-            const int bk = (int)(nk - p0 < jb->kb ? nk - p0 : jb->kb);
-            int qn = q + 1;
+            int qn = q + 1, bkn = bk;
             int64_t pn = p0;
-            more = next_seen(jb, sl, &tk, nk, &qn, &pn, listed);
-            const amx_next next = {&w->qb[qn < tk.nqb ? qn : 0], pn,
-                                   (int)(nk - pn < jb->kb ? nk - pn : jb->kb)};
-            if (p0 + jb->kb >= nk) /* the last key block: its output rows come next */
+            more = next_seen(jb, sl, &tk, nk, &qn, &pn, &bkn, ls);
+            const amx_next next = {&w->qb[qn < tk.nqb ? qn : 0], pn, bkn};
+            if (p0 + bk >= nk) /* the last key block: its output rows come next */
                 flash_prefetch_rows(c->out, &tk, i0, flash_block_rows(jb->split.rows, i0, BQ),
                                     d->D, 1);
             block(jb, w, &w->qb[q], sl, &tk, i0, p0, bk, &pp, more ? &next : NULL);
-            q = qn, p0 = pn;
+            q = qn, p0 = pn, bk = bkn;
         }
         for (q = 0; q < tk.nqb; q++) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
@@ -1067,7 +1111,9 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     const int key_mask = c->mask && c->mask->key;
     jb.is_short = !jb.sparse && d->Skv <= SHORT_KEYS;
     jb.map_blocks = jb.sparse && c->mask->blocks && !key_mask;
-    jb.kb = jb.is_short ? jb.kp : jb.map_blocks ? c->mask->blocks->block_kv : BK_LONG;
+    /* a map's key blocks (64 or 128 keys) are joined up to BK_LONG keys
+     * where they are listed in a row (key_block_keys) */
+    jb.kb = jb.is_short ? jb.kp : BK_LONG;
     jb.split = flash_split_make(d, BQ, threads, !jb.sparse && flash_groups_heads(c, BQ),
                                 jb.is_short ? 16 : 4, jb.is_short ? 2 : 4);
     jb.spaces_per_slot = jb.split.group > 1 ? 1 : d->Hq / d->Hkv;
