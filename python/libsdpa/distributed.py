@@ -294,7 +294,7 @@ def _block_attention(q, k, v, d, causal, scale, backend, piece=None):
     nq, nk = q.shape[1], k.shape[1]
     kw = dict(return_lse=True, scale=scale, backend=backend)
     if piece is not None:
-        if not piece.lists_any():
+        if piece.density(nq, nk) <= 0:  # lists nothing: shows nothing
             return None
         kw["block_mask"] = piece
     if causal:

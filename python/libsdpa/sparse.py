@@ -111,15 +111,6 @@ class BlockMap:
                                            ctypes.byref(out)), "BlockMap.slice")
         return BlockMap._wrap(out)
 
-    def lists_any(self):
-        """Whether any (batch, head, query block) lists a key block."""
-        c = self._c
-        rows = c.batch * c.heads * c.q_blocks
-        for ptr in (c.full_count, c.partial_count):
-            if ptr and any(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_int32))[:rows]):
-                return True
-        return False
-
     @classmethod
     def neighborhood_3d(cls, grid, windows, *, tile=None, prefix=0, causal_time=False,
                         block=128):

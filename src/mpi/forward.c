@@ -115,16 +115,6 @@ static sdpa_block_map map_view(const sdpa_block_map *m, int64_t b, int64_t h0, i
     return v;
 }
 
-/* Whether a map lists any block. */
-static int map_lists_any(const sdpa_block_map *m)
-{
-    const int64_t rows = m->batch * m->heads * m->q_blocks;
-    for (int64_t r = 0; r < rows; r++)
-        if ((m->full_count && m->full_count[r]) || (m->partial_count && m->partial_count[r]))
-            return 1;
-    return 0;
-}
-
 /*
  * map: the call's block map (global positions), or NULL; the block's own
  * piece of it (this segment's rows, the visiting keys from kfirst, this
@@ -179,7 +169,7 @@ static sdpa_status one_block(sdpa_context *ctx, const sdpa_mpi_plan *p, const se
             free(vis);
             return sp_fail(st, "sdpa_mpi_forward: params->mask->blocks: %s", sdpa_last_error());
         }
-        if (!map_lists_any(piece)) { /* nothing of these keys is shown to these rows */
+        if (sdpa_block_map_density(piece, nq, nk) <= 0.0) { /* lists nothing: shows nothing */
             sdpa_block_map_free(piece);
             free(vis);
             return SDPA_OK;
