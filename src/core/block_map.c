@@ -1,7 +1,8 @@
 /*
  * block_map.c - sdpa_block_map_3d (a 3-D neighbourhood over a video grid,
  * with dense text tokens in front, as a block map), the map's density,
- * and sdpa_block_map_slice (the piece of a map a part of the call sees).
+ * sdpa_block_map_slice (the piece of a map a part of the call sees) and
+ * the map read by key blocks (sdpa__map_by_keys, for the backward pass).
  *
  * Each query row's visible keys are a few runs of consecutive tokens (one
  * per (frame, line) of its window in row-major order, one per (frame,
@@ -266,6 +267,65 @@ double sdpa_block_map_density(const sdpa_block_map *m, int64_t Sq, int64_t Skv)
             }
         }
     return seen / ((double)m->batch * (double)m->heads * (double)Sq * (double)Skv);
+}
+
+/* --------------------------------------------------------- by key blocks */
+
+sdpa_map_by_keys *sdpa__map_by_keys(const sdpa_block_map *m)
+{
+    const int64_t groups = m->batch * m->heads, nkb = m->kv_blocks, per = nkb + 1;
+    int64_t listed = 0;
+    for (int64_t r = 0; r < groups * m->q_blocks; r++)
+        listed += (m->full_count ? m->full_count[r] : 0) +
+                  (m->partial_count ? m->partial_count[r] : 0);
+    const size_t head = (sizeof(sdpa_map_by_keys) + 7) / 8 * 8;
+    sdpa_map_by_keys *t = sdpa__malloc(head + sizeof(int64_t) * (size_t)(groups * per) +
+                                       sizeof(int32_t) * (size_t)listed);
+    if (!t)
+        return NULL;
+    t->kv_blocks = nkb;
+    t->start = (int64_t *)(void *)((char *)t + head);
+    t->q = (int32_t *)(void *)(t->start + groups * per);
+    memset(t->start, 0, sizeof(int64_t) * (size_t)(groups * per));
+    /* count into start[kb + 1], sum into offsets, then fill in query
+     * block order (each list ascending) using start[kb] as the cursor,
+     * which leaves it at start[kb + 1]: shifted back after */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t *st = t->start + g * per;
+            for (int64_t qb = 0; qb < m->q_blocks; qb++) {
+                const int64_t row = g * m->q_blocks + qb;
+                for (int l = 0; l < 2; l++) {
+                    const int32_t *cnt = l ? m->partial_count : m->full_count;
+                    const int32_t *idx = l ? m->partial_index : m->full_index;
+                    for (int32_t e = 0; cnt && e < cnt[row]; e++) {
+                        const int32_t kb = idx[row * m->index_stride + e];
+                        if (pass == 0)
+                            st[kb + 1]++;
+                        else
+                            t->q[st[kb]++] = (int32_t)qb;
+                    }
+                }
+            }
+        }
+        if (pass == 0) { /* offsets, running on across groups */
+            int64_t at = 0;
+            for (int64_t g = 0; g < groups; g++) {
+                int64_t *st = t->start + g * per;
+                st[0] = at;
+                for (int64_t kb = 1; kb <= nkb; kb++)
+                    st[kb] += st[kb - 1];
+                at = st[nkb];
+            }
+        }
+    }
+    for (int64_t g = 0; g < groups; g++) { /* the cursors moved each start one block on */
+        int64_t *st = t->start + g * per;
+        for (int64_t kb = nkb; kb > 0; kb--)
+            st[kb] = st[kb - 1];
+        st[0] = g > 0 ? t->start[(g - 1) * per + nkb] : 0;
+    }
+    return t;
 }
 
 /* ---------------------------------------------------------------- slices */

@@ -149,4 +149,21 @@ static inline int sdpa__sparse_tile_sees(const sdpa_call *c, int64_t b, int64_t 
     return 0;
 }
 
+/*
+ * The map read by key blocks (sdpa.h asks the library to build this
+ * transpose for the backward pass, which walks keys outermost): for map
+ * row group g = (map batch, map head), as sdpa__map_row numbers them, and
+ * key block kb, the query blocks whose lists hold kb (FULL or PARTIAL),
+ * ascending, are q[start[g (kv_blocks + 1) + kb] .. start[... + kb + 1]).
+ * One allocation (free()), 8 bytes per (group, key block) and 4 per
+ * listed block: what the map itself costs. NULL when out of memory.
+ */
+typedef struct sdpa_map_by_keys {
+    int64_t kv_blocks;
+    int64_t *start; /* [groups][kv_blocks + 1], offsets into q */
+    int32_t *q;     /* [listed blocks] query blocks            */
+} sdpa_map_by_keys;
+
+sdpa_map_by_keys *sdpa__map_by_keys(const sdpa_block_map *m);
+
 #endif

@@ -33,6 +33,14 @@
  * before packing (as in the forward) and get zero gradients; keys past
  * the real length likewise.
  *
+ * Windows and block maps: a tile that the window or the map hides
+ * entirely adds zeros and is skipped. A map is read by key blocks
+ * (sdpa__map_by_keys, built once per call), so a key block that no query
+ * block lists is neither packed nor visited, and a row tile is tested by
+ * one mark per map query block rather than a search of its lists. What
+ * the map does not remove: a chunk of keys still packs every row of its
+ * task and keeps a partial dQ of them all.
+ *
  * Extra memory per thread: rows (3 Dp + 2) floats for the task's rows
  * (at most Hq/Hkv x Sq; Dp = D rounded up to VL), plus the key block's
  * tiles, about 4 D BK + BK Dp + 2 BQ BK floats; with chunks, the parts:
@@ -192,6 +200,7 @@ typedef struct bwd_work {
     float *dkt, *dvt;    /* [D][BK]    dK^T, dV^T of the key block      */
     float *s, *dp;       /* [BQ][BK]   S then P; dP then dS             */
     float *row;          /* [Dp]       a row on its way in or out       */
+    uint8_t *qmark;      /* [map q_blocks] those listing the key block  */
     int64_t *keys;       /* [Skv]      visible keys under a key mask    */
 } bwd_work;
 
@@ -209,6 +218,7 @@ typedef struct bwd_job {
     bwd_work *ws;        /* per worker */
     float *parts;        /* per task: dQ [rows][Dp] (chunks of keys) or dK, dV
                           * [2][Skv][Dp] (chunks of rows); NULL with one chunk */
+    sdpa_map_by_keys *by_keys; /* a block map read by key blocks, or NULL */
 } bwd_job;
 
 /* Packs the task's real rows r_lo .. r_hi of its row space (buffers
@@ -438,6 +448,46 @@ static void bwd_store_dq(const sdpa_call *c, const bwd_split *sp, int64_t b, int
     }
 }
 
+/* Whether any query block of heads h0 .. h0 + n lists a key block of the
+ * map among keys j0 .. j1: none does, and the key block adds nothing. */
+static int bwd_keys_listed(const sdpa_call *c, const sdpa_map_by_keys *t, int64_t b, int64_t h0,
+                           int64_t n, int64_t j0, int64_t j1)
+{
+    const sdpa_block_map *m = c->mask->blocks;
+    for (int64_t h = h0; h < h0 + n; h++) {
+        const int64_t *st = t->start + sdpa__map_row(m, b, h, 0) / m->q_blocks * (t->kv_blocks + 1);
+        if (st[j1 / m->block_kv + 1] > st[j0 / m->block_kv])
+            return 1;
+    }
+    return 0;
+}
+
+/* The map's query blocks of head h that list a key block among keys
+ * j0 .. j1, marked in `mark`; 0 when there are none. The backward then
+ * visits only row tiles in a marked query block: the map read by key
+ * blocks, not a search of each tile's rows in their lists. */
+static int bwd_mark_rows(const sdpa_call *c, const sdpa_map_by_keys *t, uint8_t *mark, int64_t b,
+                         int64_t h, int64_t j0, int64_t j1)
+{
+    const sdpa_block_map *m = c->mask->blocks;
+    const int64_t *st = t->start + sdpa__map_row(m, b, h, 0) / m->q_blocks * (t->kv_blocks + 1);
+    memset(mark, 0, (size_t)m->q_blocks);
+    int any = 0;
+    for (int64_t kb = j0 / m->block_kv; kb <= j1 / m->block_kv; kb++)
+        for (int64_t e = st[kb]; e < st[kb + 1]; e++)
+            mark[t->q[e]] = 1, any = 1;
+    return any;
+}
+
+/* Whether rows i0 .. i1 - 1 lie in a marked query block. */
+static int bwd_rows_marked(const sdpa_block_map *m, const uint8_t *mark, int64_t i0, int64_t i1)
+{
+    for (int64_t qb = i0 / m->block_q; qb <= (i1 - 1) / m->block_q && qb < m->q_blocks; qb++)
+        if (mark[qb])
+            return 1;
+    return 0;
+}
+
 static void bwd_task(void *arg, int64_t task, int worker)
 {
     const bwd_job *jb = arg;
@@ -486,21 +536,30 @@ static void bwd_task(void *arg, int64_t task, int worker)
             const int bk = (int)(nk - p < BWD_BK ? nk - p : BWD_BK);
             /* without a key list, flash_key(NULL, p0) is p0: key numbers */
             const int64_t p0 = keys ? p : kj0 + p;
-            const int64_t kfirst = flash_key(keys, p0);
-            bwd_pack_keys(c, w, sp, b, hk, keys, p0, bk);
+            const int64_t kfirst = flash_key(keys, p0), klast = flash_key(keys, p0 + bk - 1);
             memset(w->dkt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
             memset(w->dvt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
+            if (jb->by_keys && !bwd_keys_listed(c, jb->by_keys, b, hk * G, G, kfirst, klast)) {
+                bwd_store_keys(c, w, sp, b, hk, keys, p0, bk, kv_part); /* listed by none */
+                continue;
+            }
+            bwd_pack_keys(c, w, sp, b, hk, keys, p0, bk);
             /* causal: rows before kfirst - offset see none of these keys */
             const int64_t i_causal = tk.causal && kfirst - tk.offset > 0 ? kfirst - tk.offset : 0;
             for (int64_t g = r_lo / d->Sq; g < G && g * d->Sq < r_hi; g++) {
+                if (jb->by_keys && !bwd_mark_rows(c, jb->by_keys, w->qmark, b, hk * G + g,
+                                                  kfirst, klast))
+                    continue;
                 int64_t i = r_lo - g * d->Sq > i_causal ? r_lo - g * d->Sq : i_causal;
                 const int64_t i_end = r_hi - g * d->Sq < len_q ? r_hi - g * d->Sq : len_q;
                 for (; i < i_end; i += BWD_BQ) {
                     const int nr = (int)(i_end - i < BWD_BQ ? i_end - i : BWD_BQ);
                     /* a window or a map that hides the whole tile: its five
                      * products would add zeros */
-                    if (sparse && !sdpa__sparse_tile_sees(c, b, hk * G + g, i, i + nr, kfirst,
-                                                          flash_key(keys, p0 + bk - 1)))
+                    if (jb->by_keys && !bwd_rows_marked(mk->blocks, w->qmark, i, i + nr))
+                        continue;
+                    if (sparse && (!jb->by_keys || mk->window) &&
+                        !sdpa__sparse_tile_sees(c, b, hk * G + g, i, i + nr, kfirst, klast))
                         continue;
                     bwd_tile(c, w, sp, &tk, hk * G + g, g * d->Sq + i - r_lo, i, nr, keys, p0,
                              bk, dq);
@@ -562,13 +621,15 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
     (void)self;
     const sdpa_call_desc *d = &c->desc;
     const int threads = sdpa__pool_threads(c->pool);
-    bwd_job jb = {c, bwd_split_make(d), NULL, NULL};
+    bwd_job jb = {c, bwd_split_make(d), NULL, NULL, NULL};
     const bwd_split *sp = &jb.sp;
     const int64_t D = d->D, Dp = sp->Dp, rows = sp->chunk_rows;
     const int keys_split = sp->chunks > 1 && !sp->by_rows; /* dQ lives in the parts */
+    const sdpa_block_map *map = c->mask ? c->mask->blocks : NULL;
+    const size_t marks = map ? (size_t)(map->q_blocks + 3) / 4 : 0; /* floats of qmark bytes */
     const size_t per = (size_t)(rows * (2 * Dp + 2) + (keys_split ? 0 : rows * Dp) +
                                 4 * D * BWD_BK + BWD_BK * Dp + 2 * BWD_BQ * BWD_BK + Dp + 16) +
-                       (c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0);
+                       marks + (c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0);
     const size_t descs = ((size_t)threads * sizeof(bwd_work) + 63) / 64 * 64;
     const size_t bytes = per * sizeof(float) * (size_t)threads + descs;
     char *base = sdpa__scratch(bytes);
@@ -586,6 +647,13 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
                               "backward pass",
                               BWD_NAME, part_bytes);
         }
+    }
+    if (map && !(jb.by_keys = sdpa__map_by_keys(map))) {
+        free(jb.parts);
+        sdpa__scratch_release(base);
+        return sdpa__fail(SDPA_OUT_OF_MEMORY,
+                          "%s: cannot allocate the block map read by key blocks for the "
+                          "backward pass", BWD_NAME);
     }
     jb.ws = (bwd_work *)base;
     float *mem = (float *)(base + descs);
@@ -605,6 +673,7 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         w->s = p, p += BWD_BQ * BWD_BK;
         w->dp = p, p += BWD_BQ * BWD_BK;
         w->row = p, p += Dp;
+        w->qmark = marks ? (uint8_t *)p : NULL, p += marks;
         p += (16 - (size_t)(p - mem) % 16) % 16; /* the key list 8-byte aligned */
         w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
     }
@@ -615,6 +684,7 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
                            &jb);
     }
     free(jb.parts);
+    free(jb.by_keys);
     sdpa__scratch_release(base);
     return SDPA_OK;
 }

@@ -162,6 +162,7 @@ typedef struct backward_arg {
     tl_problem p, dp;      /* q, k, v; dout is dp.q */
     tl_output out, g[3];   /* the forward's out and LSE; dq, dk, dv */
     unsigned char *before[3];
+    sdpa_mask *mask;       /* a block map, or NULL */
 } backward_arg;
 
 static sdpa_status backward_call(void *arg, int64_t n, int64_t *made)
@@ -176,6 +177,7 @@ static sdpa_status backward_call(void *arg, int64_t n, int64_t *made)
     sdpa_params prm = SDPA_PARAMS_DEFAULT;
     prm.backend = a->backend;
     prm.causal = a->p.c.causal;
+    prm.mask = a->mask;
     sdpa__alloc_fail_at(n);
     sdpa_status st = sdpa_backward(ctx, &a->p.q, &a->p.k, &a->p.v, &a->out.t, a->out.lse,
                                    &a->dp.q, NULL, &a->g[0].t, &a->g[1].t, &a->g[2].t, &prm);
@@ -195,14 +197,25 @@ static int backward_untouched(const void *arg)
     return 1;
 }
 
-/* Backward calls cut by keys (partial dQ) and by rows (partial dK, dV). */
+static sdpa_status build_3d(void *arg);
+
+/* Backward calls cut by keys (partial dQ) and by rows (partial dK, dV),
+ * and one under a block map (the map read by key blocks is allocated). */
 static int backward_faults(const char *backend)
 {
-    static const int64_t shapes[2][3] = {{70, 200, 2}, {300, 40, 2}}; /* Sq, Skv, Hkv */
-    for (int s = 0; s < 2; s++) {
+    static const int64_t shapes[3][3] = {{70, 200, 2}, {300, 40, 2}, {233, 233, 2}};
+    for (int s = 0; s < 3; s++) {
         backward_arg a;
         memset(&a, 0, sizeof a);
         a.backend = backend;
+        sdpa_block_map *map = NULL; /* 17 text tokens and a 4 x 6 x 9 grid */
+        sdpa_mask mask = SDPA_MASK_DEFAULT;
+        if (s == 2) {
+            if (build_3d(&map) != SDPA_OK)
+                return 0;
+            mask.blocks = map;
+            a.mask = &mask;
+        }
         tl_case c = {1, shapes[s][0], shapes[s][1], 4, shapes[s][2], 64, SDPA_F32, SDPA_F32,
                      SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
         if (!tl_problem_make(&a.p, &c) || !tl_problem_make(&a.dp, &c) ||
@@ -218,6 +231,7 @@ static int backward_faults(const char *backend)
         sdpa_context *ctx = tl_context(NULL);
         sdpa_params prm = SDPA_PARAMS_DEFAULT;
         prm.backend = "ref";
+        prm.mask = a.mask;
         CHECK_STATUS(sdpa_forward(ctx, &a.p.q, &a.p.k, &a.p.v, &a.out.t, a.out.lse, &prm),
                      SDPA_OK);
         sdpa_context_destroy(ctx);
@@ -226,10 +240,11 @@ static int backward_faults(const char *backend)
             memcpy(a.before[i], a.g[i].mem, a.g[i].bytes);
         }
         char what[128];
-        snprintf(what, sizeof what, "sdpa_backward on %s, Sq %lld Skv %lld",
+        snprintf(what, sizeof what, "sdpa_backward on %s, Sq %lld Skv %lld%s",
                  backend ? backend : "the dispatcher's choice", (long long)c.Sq,
-                 (long long)c.Skv);
+                 (long long)c.Skv, map ? " under a block map" : "");
         call_every_allocation(what, backward_call, backward_untouched, &a);
+        sdpa_block_map_free(map);
         for (int i = 0; i < 3; i++)
             free(a.before[i]), tl_output_free(&a.g[i]);
         tl_output_free(&a.out), tl_problem_free(&a.p), tl_problem_free(&a.dp);
