@@ -123,8 +123,8 @@ typedef struct amx_workspace {
     float *s[2];     /* [BQ][kb] scores: this block's, the next block's */
     uint16_t *p;     /* [BQ][kb] bf16 P: A tiles of the second product  */
     uint16_t *stage; /* [32][Dp] rows converted to bf16 (f16, strided)  */
-    uint8_t *listed; /* [key blocks] how many of the task's map rows
-                      * list each of the map's key blocks             */
+    uint8_t *listed; /* [2][key blocks] how many of the task's map rows
+                      * list each of the map's key blocks, and as FULL */
 } amx_workspace;
 
 /* One (batch, KV head), packed. */
@@ -865,19 +865,42 @@ static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task 
     }
 }
 
+/* The task's map: for each key block of the map, how many of the map rows
+ * its query rows fall in list it (count) and how many as FULL (full), of
+ * `rows` map rows. */
+typedef struct amx_listed {
+    const uint8_t *count, *full;
+    int rows;
+    int64_t block_kv;
+} amx_listed;
+
+/* Whether every map row of the task lists every map block of keys p0 ..
+ * p0 + bk as FULL, and no window cuts them: a dense block for each of its
+ * query blocks, taken without a lookup (the lookups were 4% of a map that
+ * lists every block). */
+static int task_full(const amx_job *jb, const amx_listed *ls, int64_t p0, int bk)
+{
+    if (!ls || jb->c->mask->window)
+        return 0;
+    for (int64_t kb = p0 / ls->block_kv; kb * ls->block_kv < p0 + bk; kb++)
+        if (ls->full[kb] != ls->rows)
+            return 0;
+    return 1;
+}
+
 /* Which 32-key groups of the block of packed keys p0 .. p0 + bk the query
  * block of rows i0.. may see (bit g: keys 32 g ..), 0 for none: causal
  * calls skip the blocks it does not reach, windows and maps the blocks
  * they hide (one lookup per map block the block covers), and a map's bits
  * the groups no row sees. */
 static unsigned block_sees(const amx_job *jb, const amx_slot *sl, const flash_task *tk,
-                           int64_t i0, int64_t p0, int bk)
+                           const amx_listed *ls, int64_t i0, int64_t p0, int bk)
 {
     const int rows = flash_block_rows(jb->split.rows, i0, BQ);
     const unsigned all = (1u << (bk + 31) / 32) - 1;
     if (tk->causal && flash_key(sl->kidx, p0) > i0 + rows - 1 + tk->offset)
         return 0;
-    if (!jb->sparse)
+    if (!jb->sparse || task_full(jb, ls, p0, bk))
         return all;
     const int64_t last = p0 + bk - 1;
     if (!sdpa__sparse_tile_sees(jb->c, tk->b, tk->h, i0, i0 + rows, flash_key(sl->kidx, p0),
@@ -909,14 +932,14 @@ typedef struct amx_next {
 /* Query block qb (rows i0..), which sees some of them, against the key
  * block of packed keys p0..; the scores of `next` during its softmax. */
 static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
-                  const flash_task *tk, int64_t i0, int64_t p0, int bk, unsigned groups,
-                  amx_pipe *pp, const amx_next *next)
+                  const flash_task *tk, const amx_listed *ls, int64_t i0, int64_t p0, int bk,
+                  unsigned groups, amx_pipe *pp, const amx_next *next)
 {
     const int rows = flash_block_rows(jb->split.rows, i0, BQ);
     const int64_t k_last = flash_key(sl->kidx, p0 + bk - 1);
     amx_block at = {tk, i0, rows, p0, bk, (bk + 31) / 32 * 32, sl->kidx,
                     tk->causal && k_last > i0 + tk->offset, 0, 0, 0, 0, {{0}}};
-    if (jb->sparse)
+    if (jb->sparse && !task_full(jb, ls, p0, bk))
         sparse_prepare(jb, &at);
     float *s = w->s[pp->cur];
     if (!pp->ready) {
@@ -935,14 +958,6 @@ static void block(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, con
     pp->cur ^= 1;
     pp->ready = next != NULL;
 }
-
-/* The task's map: for each key block of the map, how many of the map rows
- * its query rows fall in list it (`listed`, of `rows` map rows). */
-typedef struct amx_listed {
-    const uint8_t *count;
-    int rows;
-    int64_t block_kv;
-} amx_listed;
 
 /*
  * Keys of the key block that starts at packed key p0 (of nk): kb, or for a
@@ -979,7 +994,8 @@ static unsigned next_seen(const amx_job *jb, const amx_slot *sl, const flash_tas
         }
         *bk = key_block_keys(jb, *p0, nk, ls);
         for (; *q < tk->nqb; ++*q) {
-            const unsigned groups = block_sees(jb, sl, tk, tk->i_first + (int64_t)*q * BQ, *p0, *bk);
+            const unsigned groups =
+                block_sees(jb, sl, tk, ls, tk->i_first + (int64_t)*q * BQ, *p0, *bk);
             if (groups)
                 return groups;
         }
@@ -1044,10 +1060,10 @@ static void amx_task(void *arg, int64_t task, int worker)
                 flash_prefetch_rows(c->q, &tk, i0 + 2 * BQ,
                                     flash_block_rows(jb->split.rows, i0 + 2 * BQ, BQ), d->D, 0);
             flash_prefetch_rows(c->out, &tk, i0, rows, d->D, 1);
-            const unsigned groups = nk > 0 ? block_sees(jb, sl, &tk, i0, 0, (int)nk) : 0;
+            const unsigned groups = nk > 0 ? block_sees(jb, sl, &tk, NULL, i0, 0, (int)nk) : 0;
             if (groups) {
-                next.groups = has_next ? block_sees(jb, sl, &tk, i0 + BQ, 0, (int)nk) : 0;
-                block(jb, w, qb, sl, &tk, i0, 0, (int)nk, groups, &pp,
+                next.groups = has_next ? block_sees(jb, sl, &tk, NULL, i0 + BQ, 0, (int)nk) : 0;
+                block(jb, w, qb, sl, &tk, NULL, i0, 0, (int)nk, groups, &pp,
                       next.groups ? &next : NULL);
             }
             store_out(jb, qb, &tk, i0, rows);
@@ -1061,10 +1077,12 @@ static void amx_task(void *arg, int64_t task, int worker)
         int64_t p0 = 0;
         /* how many of the task's map rows list each key block of the map:
          * the unlisted are passed over without a lookup */
-        amx_listed listed = {w->listed, 0, 0}, *ls = NULL;
+        amx_listed listed = {w->listed, NULL, 0, 0}, *ls = NULL;
         if (jb->map_blocks && tk.nqb > 0) {
             const sdpa_block_map *m = c->mask->blocks;
-            memset(w->listed, 0, (size_t)m->kv_blocks);
+            uint8_t *full = w->listed + m->kv_blocks;
+            memset(w->listed, 0, 2 * (size_t)m->kv_blocks);
+            listed.full = full;
             const int64_t i_last = tk.i_first + (int64_t)tk.nqb * BQ - 1;
             for (int64_t mq = tk.i_first / m->block_q;
                  mq <= i_last / m->block_q && mq < m->q_blocks; mq++, listed.rows++) {
@@ -1072,8 +1090,10 @@ static void amx_task(void *arg, int64_t task, int worker)
                 for (int l = 0; l < 2; l++) {
                     const int32_t *cnt = l ? m->partial_count : m->full_count;
                     const int32_t *idx = l ? m->partial_index : m->full_index;
-                    for (int32_t e = 0; cnt && e < cnt[row]; e++)
+                    for (int32_t e = 0; cnt && e < cnt[row]; e++) {
                         w->listed[idx[row * m->index_stride + e]]++;
+                        full[idx[row * m->index_stride + e]] += l == 0;
+                    }
                 }
             }
             listed.block_kv = m->block_kv;
@@ -1090,7 +1110,7 @@ static void amx_task(void *arg, int64_t task, int worker)
             if (p0 + bk >= nk) /* the last key block: its output rows come next */
                 flash_prefetch_rows(c->out, &tk, i0, flash_block_rows(jb->split.rows, i0, BQ),
                                     d->D, 1);
-            block(jb, w, &w->qb[q], sl, &tk, i0, p0, bk, groups, &pp, gn ? &next : NULL);
+            block(jb, w, &w->qb[q], sl, &tk, ls, i0, p0, bk, groups, &pp, gn ? &next : NULL);
             q = qn, p0 = pn, bk = bkn, groups = gn;
         }
         for (q = 0; q < tk.nqb; q++) {
@@ -1154,7 +1174,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     /* per thread: resident query blocks, S, P, a stage of 32 rows */
     const int resident = jb.is_short ? 2 : jb.split.qb_per_task;
     const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dv * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
-    const size_t listed = jb.map_blocks ? R64(c->mask->blocks->kv_blocks) : 0;
+    const size_t listed = jb.map_blocks ? R64(2 * c->mask->blocks->kv_blocks) : 0;
     const size_t per_thread = per_qb * (size_t)resident + 2 * R64(BQ * kb * 4) + R64(BQ * kb * 2) +
                               R64(32 * Dp * 2) + listed;
     /* per slot: packed K and V, the visible keys under a key mask */
