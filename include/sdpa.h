@@ -334,6 +334,13 @@ typedef struct sdpa_neighborhood_3d {
 
 sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block,
                               sdpa_block_map **out);
+/* The same with `suffix` dense tokens after the grid as well (joint
+ * attention that puts the text last, as HunyuanVideo and Wan's joint
+ * layouts do; they see every key and every row sees them): tokens are
+ * prefix + T H W + suffix. An argument rather than a member: the struct
+ * above has no size to grow by (added in 0.3). */
+sdpa_status sdpa_block_map_3d_joint(const sdpa_neighborhood_3d *nb, int64_t suffix, int32_t block,
+                                    sdpa_block_map **out);
 void sdpa_block_map_free(sdpa_block_map *map);
 
 /* Share of a map's (b, h, query block, key block) cells that are listed,

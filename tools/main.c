@@ -37,8 +37,8 @@ static const command commands[] = {
      "                                  scores (-inf hides a key)\n"
      "  --sp ring|ulysses|usp:UxR       under mpirun: sequence-parallel over the ranks\n"
      "                                  (every rank reads the inputs, rank 0 writes)\n"
-     "  --sparse SPEC                   window=L,R | nbhd=T,H,W:wt,wh,ww[:P] |\n"
-     "                                  sta=T,H,W:tt,th,tw:wt,wh,ww[:P] | radial=T,H,W[:P] |\n"
+     "  --sparse SPEC                   window=L,R | nbhd=T,H,W:wt,wh,ww[:P[,S]] |\n"
+     "                                  sta=T,H,W:tt,th,tw:wt,wh,ww[:P[,S]] | radial=T,H,W[:P] |\n"
      "                                  random=S: a window or block map on the call\n"
      "Outputs are written all or nothing; a symbolic link is written through, a\n"
      "character device or FIFO in place.\n"},

@@ -170,13 +170,13 @@ int sparse_spec_build(const char *spec, const sdpa_call_desc *d, sparse_pattern 
     }
     const int sta = strncmp(spec, "sta=", 4) == 0, radial = strncmp(spec, "radial=", 7) == 0;
     const int nbhd = strncmp(spec, "nbhd=", 5) == 0;
-    const char *form = sta      ? "sta=T,H,W:tt,th,tw:wt,wh,ww[:P]"
+    const char *form = sta      ? "sta=T,H,W:tt,th,tw:wt,wh,ww[:P[,S]]"
                        : radial ? "radial=T,H,W[:P]"
-                                : "nbhd=T,H,W:wt,wh,ww[:P]";
+                                : "nbhd=T,H,W:wt,wh,ww[:P[,S]]";
     if (!sta && !radial && !nbhd) {
         snprintf(err, n,
-                 "'%s': expected window=L,R, nbhd=T,H,W:wt,wh,ww[:P], "
-                 "sta=T,H,W:tt,th,tw:wt,wh,ww[:P], radial=T,H,W[:P] or random=S",
+                 "'%s': expected window=L,R, nbhd=T,H,W:wt,wh,ww[:P[,S]], "
+                 "sta=T,H,W:tt,th,tw:wt,wh,ww[:P[,S]], radial=T,H,W[:P] or random=S",
                  spec);
         return -1;
     }
@@ -185,16 +185,23 @@ int sparse_spec_build(const char *spec, const sdpa_call_desc *d, sparse_pattern 
         rest = *rest ? ints(rest, v + 3, 3) : NULL;                   /* tiles */
     if (rest && !radial)
         rest = *rest ? ints(rest, v + 6, 3) : NULL;                   /* windows */
-    long long prefix = 0;
-    if (rest && *rest)
-        rest = ints(rest, &prefix, 1);
-    if (!rest || *rest || v[0] < 1 || v[1] < 1 || v[2] < 1 || prefix < 0) {
+    long long text[2] = {0, 0}; /* dense tokens before and after the grid */
+    if (rest && *rest) {
+        const char *two = radial ? NULL : ints(rest, text, 2);
+        rest = two ? two : ints(rest, text, 1);
+    }
+    const long long prefix = text[0], suffix = text[1];
+    if (!rest || *rest || v[0] < 1 || v[1] < 1 || v[2] < 1 || prefix < 0 || suffix < 0) {
         snprintf(err, n, "'%s': expected %s", spec, form);
         return -1;
     }
-    if (prefix + v[0] * v[1] * v[2] != d->Sq) {
-        snprintf(err, n, "'%s': %lld text + %lld x %lld x %lld grid tokens = %lld, expected Sq %lld",
-                 spec, prefix, v[0], v[1], v[2], prefix + v[0] * v[1] * v[2], (long long)d->Sq);
+    if (prefix + v[0] * v[1] * v[2] + suffix != d->Sq) {
+        char after[40] = "";
+        if (suffix)
+            snprintf(after, sizeof after, " + %lld text", suffix);
+        snprintf(err, n, "'%s': %lld text + %lld x %lld x %lld grid tokens%s = %lld, expected Sq %lld",
+                 spec, prefix, v[0], v[1], v[2], after, prefix + v[0] * v[1] * v[2] + suffix,
+                 (long long)d->Sq);
         return -1;
     }
     if (radial) {
@@ -209,7 +216,7 @@ int sparse_spec_build(const char *spec, const sdpa_call_desc *d, sparse_pattern 
     sdpa_neighborhood_3d nb = {{v[0], v[1], v[2]},
                                {sta ? v[3] : 0, sta ? v[4] : 0, sta ? v[5] : 0},
                                windows, 1, prefix, 0};
-    if (sdpa_block_map_3d(&nb, BLOCK, &out->map) != SDPA_OK) {
+    if (sdpa_block_map_3d_joint(&nb, suffix, BLOCK, &out->map) != SDPA_OK) {
         snprintf(err, n, "'%s': %s", spec, sdpa_last_error());
         return -1;
     }

@@ -112,13 +112,14 @@ class BlockMap:
         return BlockMap._wrap(out)
 
     @classmethod
-    def neighborhood_3d(cls, grid, windows, *, tile=None, prefix=0, causal_time=False,
-                        block=128):
+    def neighborhood_3d(cls, grid, windows, *, tile=None, prefix=0, suffix=0,
+                        causal_time=False, block=128):
         """A 3-D neighbourhood over a T x H x W token grid (sdpa_block_map_3d):
         windows per axis (a triple, or one triple per head), in tokens, or in
         tiles with tile=(tt, th, tw) (tile-major order: Sliding Tile
-        Attention); prefix dense text tokens first; causal_time for world
-        models."""
+        Attention); prefix dense text tokens first and suffix after the grid
+        (joint attention with the text last: sdpa_block_map_3d_joint);
+        causal_time for world models."""
         w = np.ascontiguousarray(np.asarray(windows, dtype=np.int64).reshape(-1, 3))
         nb = C.Neighborhood3d()
         for a in range(3):
@@ -127,8 +128,8 @@ class BlockMap:
         nb.windows, nb.heads = w.ctypes.data, w.shape[0]
         nb.prefix, nb.causal_time = int(prefix), int(bool(causal_time))
         out = ctypes.POINTER(C.BlockMap)()
-        C.check(C.lib.sdpa_block_map_3d(ctypes.byref(nb), int(block), ctypes.byref(out)),
-                "neighborhood_3d")
+        C.check(C.lib.sdpa_block_map_3d_joint(ctypes.byref(nb), int(suffix), int(block),
+                                              ctypes.byref(out)), "neighborhood_3d")
         return cls._wrap(out)
 
     @classmethod

@@ -85,10 +85,11 @@ def test_torch_block_mask(mask_mod, B, H, S, block, dtype):
         assert (out - ref)[seen].abs().max() < 1e-4
 
 
-def test_neighborhood_3d_and_window():
-    grid, win, prefix = (3, 6, 10), (3, 3, 5), 20
-    S = prefix + 3 * 6 * 10
-    m = libsdpa.BlockMap.neighborhood_3d(grid, win, prefix=prefix, block=64)
+@pytest.mark.parametrize("prefix,suffix", [(20, 0), (7, 13)])
+def test_neighborhood_3d_and_window(prefix, suffix):
+    grid, win = (3, 6, 10), (3, 3, 5)
+    S = prefix + 3 * 6 * 10 + suffix
+    m = libsdpa.BlockMap.neighborhood_3d(grid, win, prefix=prefix, suffix=suffix, block=64)
     assert 0 < m.density(S, S) <= 1
     q, k, v = (torch.randn(1, S, 2, 32) for _ in range(3))
     # the neighbourhood by coordinates, as a dense mask

@@ -40,17 +40,20 @@ static void axis_window(int64_t p, int64_t len, int64_t k, int causal, int64_t *
     *s = start, *e = start + k;
 }
 
-/* Calls fn for every run of keys visible to token i under head hh. */
-static void row_runs(const sdpa_neighborhood_3d *nb, int64_t hh, int64_t n_tokens, int64_t i,
-                     run_fn fn, void *arg)
+/* Calls fn for every run of keys visible to token i under head hh, of
+ * n_tokens: the prefix, the grid, then the suffix. */
+static void row_runs(const sdpa_neighborhood_3d *nb, int64_t hh, int64_t n_tokens,
+                     int64_t suffix, int64_t i, run_fn fn, void *arg)
 {
     const int64_t P = nb->prefix;
-    if (i < P) { /* text rows see everything */
+    if (i < P || i >= n_tokens - suffix) { /* text rows see everything */
         fn(arg, 0, n_tokens);
         return;
     }
     if (P > 0)
         fn(arg, 0, P);
+    if (suffix > 0) /* ascending order is not needed: runs are counted or set as bits */
+        fn(arg, n_tokens - suffix, n_tokens);
     const int64_t *win = nb->windows + (nb->heads > 1 ? hh : 0) * 3;
     const int64_t g = i - P;
     const int tiled = nb->tile[0] > 0;
@@ -137,6 +140,12 @@ static sdpa_block_map *map_alloc(int32_t bq, int32_t bk, int64_t batch, int64_t 
 
 sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdpa_block_map **out)
 {
+    return sdpa_block_map_3d_joint(nb, 0, block, out);
+}
+
+sdpa_status sdpa_block_map_3d_joint(const sdpa_neighborhood_3d *nb, int64_t suffix, int32_t block,
+                                    sdpa_block_map **out)
+{
     if (!out)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "out is NULL, expected a place for the map");
     *out = NULL;
@@ -164,13 +173,19 @@ sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdp
     if (nb->prefix < 0)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "nb->prefix is %lld, expected >= 0",
                           (long long)nb->prefix);
+    if (suffix < 0)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "suffix is %lld, expected >= 0",
+                          (long long)suffix);
     if (nb->causal_time != 0 && nb->causal_time != 1)
         return sdpa__fail(SDPA_INVALID_ARGUMENT, "nb->causal_time is %d, expected 0 or 1",
                           nb->causal_time);
-    const int64_t N = nb->prefix + nb->grid[0] * nb->grid[1] * nb->grid[2];
-    if (N > INT32_MAX / 2)
-        return sdpa__fail(SDPA_INVALID_ARGUMENT, "the map's %lld tokens exceed 2^30",
-                          (long long)N);
+    /* counted in double first: huge sizes must not wrap around */
+    const double tokens = (double)nb->prefix +
+                          (double)nb->grid[0] * (double)nb->grid[1] * (double)nb->grid[2] +
+                          (double)suffix;
+    if (tokens > INT32_MAX / 2)
+        return sdpa__fail(SDPA_INVALID_ARGUMENT, "the map's %.0f tokens exceed 2^30", tokens);
+    const int64_t N = nb->prefix + nb->grid[0] * nb->grid[1] * nb->grid[2] + suffix;
     const int64_t nq = (N + block - 1) / block, H = nb->heads, words = (int64_t)block * block / 64;
 
     /* pass 1: classes and the longest lists */
@@ -189,7 +204,7 @@ sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdp
             memset(count, 0, sizeof *count * (size_t)nq);
             const int64_t i1 = (qb + 1) * block < N ? (qb + 1) * block : N;
             for (int64_t i = qb * block; i < i1; i++)
-                row_runs(nb, h, N, i, count_run, &ca);
+                row_runs(nb, h, N, suffix, i, count_run, &ca);
             int64_t nf = 0, np = 0;
             uint8_t *c = cls + (h * nq + qb) * nq;
             for (int64_t kb = 0; kb < nq; kb++) {
@@ -234,7 +249,7 @@ sdpa_status sdpa_block_map_3d(const sdpa_neighborhood_3d *nb, int32_t block, sdp
             const int64_t i1 = (qb + 1) * block < N ? (qb + 1) * block : N;
             for (int64_t i = qb * block; i < i1; i++) {
                 ba.r = i - qb * block;
-                row_runs(nb, h, N, i, bits_run, &ba);
+                row_runs(nb, h, N, suffix, i, bits_run, &ba);
             }
         }
     if (!n_partial)

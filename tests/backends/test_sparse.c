@@ -417,8 +417,8 @@ static void windows(void)
 /* sdpa_block_map_3d against the neighbourhood read from coordinates. */
 static int nb_sees(const sdpa_neighborhood_3d *nb, int64_t h, int64_t i, int64_t j)
 {
-    const int64_t P = nb->prefix;
-    if (i < P || j < P)
+    const int64_t P = nb->prefix, G = nb->grid[0] * nb->grid[1] * nb->grid[2];
+    if (i < P || j < P || i >= P + G || j >= P + G) /* text before or after the grid */
         return 1;
     int64_t pi[3], pj[3], n[3];
     const int tiled = nb->tile[0] > 0;
@@ -455,21 +455,28 @@ static void neighborhoods(void)
         sdpa_neighborhood_3d nb;
         int32_t block;
         sdpa_dtype dt;
+        int64_t suffix; /* text after the grid: sdpa_block_map_3d_joint */
     } cases[] = {
-        {{{4, 6, 9}, {0, 0, 0}, w1, 1, 0, 0}, 64, SDPA_F32},
-        {{{4, 6, 9}, {0, 0, 0}, w2, 2, 23, 0}, 128, SDPA_BF16},
-        {{{5, 4, 8}, {0, 0, 0}, w1, 1, 17, 1}, 64, SDPA_F16},
-        {{{6, 8, 16}, {2, 4, 8}, wt2, 1, 0, 0}, 64, SDPA_F32}, /* STA: tiles of one block */
-        {{{4, 4, 12}, {2, 2, 4}, wt, 1, 0, 0}, 64, SDPA_F32},  /* tiles of 16 */
-        {{{6, 4, 8}, {2, 4, 4}, wt, 1, 40, 1}, 128, SDPA_F32}, /* tiles of 32, text */
+        {{{4, 6, 9}, {0, 0, 0}, w1, 1, 0, 0}, 64, SDPA_F32, 0},
+        {{{4, 6, 9}, {0, 0, 0}, w2, 2, 23, 0}, 128, SDPA_BF16, 0},
+        {{{5, 4, 8}, {0, 0, 0}, w1, 1, 17, 1}, 64, SDPA_F16, 0},
+        {{{6, 8, 16}, {2, 4, 8}, wt2, 1, 0, 0}, 64, SDPA_F32, 0}, /* STA: tiles of one block */
+        {{{4, 4, 12}, {2, 2, 4}, wt, 1, 0, 0}, 64, SDPA_F32, 0},  /* tiles of 16 */
+        {{{6, 4, 8}, {2, 4, 4}, wt, 1, 40, 1}, 128, SDPA_F32, 0}, /* tiles of 32, text */
+        {{{4, 6, 9}, {0, 0, 0}, w2, 2, 0, 0}, 64, SDPA_BF16, 37}, /* text last */
+        {{{6, 8, 16}, {2, 4, 8}, wt2, 1, 11, 0}, 128, SDPA_F32, 29}, /* text both sides, STA */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         const sdpa_neighborhood_3d *nb = &cases[ci].nb;
         if (quick && ci % 2)
             continue;
-        const int64_t N = nb->prefix + nb->grid[0] * nb->grid[1] * nb->grid[2];
+        const int64_t sfx = cases[ci].suffix;
+        const int64_t N = nb->prefix + nb->grid[0] * nb->grid[1] * nb->grid[2] + sfx;
         sdpa_block_map *m = NULL;
-        CHECK_STATUS(sdpa_block_map_3d(nb, cases[ci].block, &m), SDPA_OK);
+        if (sfx)
+            CHECK_STATUS(sdpa_block_map_3d_joint(nb, sfx, cases[ci].block, &m), SDPA_OK);
+        else
+            CHECK_STATUS(sdpa_block_map_3d(nb, cases[ci].block, &m), SDPA_OK);
         if (!m)
             continue;
         const int64_t Hq = nb->heads > 1 ? nb->heads : 2;
@@ -487,7 +494,8 @@ static void neighborhoods(void)
         CHECK(density >= (double)seen / (double)(m->heads * N * N) - 1e-12 && density <= 1.0,
               "3-D case %zu: density %.3f below the visible share %.3f", ci, density,
               (double)seen / (double)(m->heads * N * N));
-        if (nb->tile[0] * nb->tile[1] * nb->tile[2] == cases[ci].block && nb->prefix == 0)
+        if (nb->tile[0] * nb->tile[1] * nb->tile[2] == cases[ci].block && nb->prefix == 0 &&
+            sfx == 0)
             /* STA: a tile per block, so no partial blocks */
             CHECK(m->partial_count == NULL, "3-D case %zu: tile-aligned map has partial blocks",
                   ci);
@@ -495,8 +503,8 @@ static void neighborhoods(void)
                      TL_UNIFORM, 0, 0};
         extras x = {{0}, {0}, 0, NULL};
         char what[160];
-        snprintf(what, sizeof what, "3-D case %zu (N=%lld, density %.2f)", ci, (long long)N,
-                 density);
+        snprintf(what, sizeof what, "3-D case %zu (N=%lld, text %lld + %lld, density %.2f)", ci,
+                 (long long)N, (long long)nb->prefix, (long long)sfx, density);
         one_case(&c, m, NULL, &x, what);
         sdpa_block_map_free(m);
     }
@@ -570,6 +578,13 @@ static void bad_maps(void)
     CHECK(sdpa_block_map_3d(&nb, 100, &m) == SDPA_INVALID_ARGUMENT &&
               strstr(sdpa_last_error(), "block is 100, expected 64 or 128"),
           "3-D block size: %s", sdpa_last_error());
+    m = (sdpa_block_map *)&nb;
+    CHECK(sdpa_block_map_3d_joint(&nb, -2, 128, &m) == SDPA_INVALID_ARGUMENT &&
+              strstr(sdpa_last_error(), "suffix is -2, expected >= 0") && m == NULL,
+          "3-D negative suffix: %s", sdpa_last_error());
+    CHECK(sdpa_block_map_3d_joint(&nb, INT64_MAX / 2, 128, &m) == SDPA_INVALID_ARGUMENT &&
+              strstr(sdpa_last_error(), "exceed 2^30") && m == NULL,
+          "3-D huge suffix: %s", sdpa_last_error());
     free(before);
     tl_output_free(&o), tl_problem_free(&p);
 }

@@ -320,9 +320,8 @@ if r.returncode == 0:
     got = np.load(path("o.npy"))
     check(np.abs(got - want).max() <= 1e-5,
           f"run --sparse window=20,3: max |out - ref| {np.abs(got - want).max():.3g}")
-# a 3-D neighbourhood over a 2 x 5 x 7 grid after 80 text tokens (its map by coordinates)
-r = sdpa("run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v", save("v.npy", sv),
-         "--out", path("o.npy"), "--sparse", "nbhd=2,5,7:1,3,3:80")
+# a 3-D neighbourhood over a 2 x 5 x 7 grid after 80 text tokens, and with 30 text tokens
+# before it and 50 after (its map by coordinates)
 pos = [(t, y, x) for t in range(2) for y in range(5) for x in range(7)]
 
 
@@ -330,21 +329,29 @@ def start(p, n, w):
     return min(max(p - w // 2, 0), n - w)
 
 
-nb = np.ones((150, 150), bool)
-for a, (t, y, x) in enumerate(pos):
-    for b_, (t2, y2, x2) in enumerate(pos):
-        nb[80 + a, 80 + b_] = all(start(p, n, w) <= p2 < start(p, n, w) + w for p, p2, n, w in
-                                  ((t, t2, 2, 1), (y, y2, 5, 3), (x, x2, 7, 3)))
-check(r.returncode == 0, f"run --sparse nbhd: {r.stderr!r}")
-if r.returncode == 0:
-    want, _ = masked_reference(sq, sk, sv, add=np.where(nb[None, None], 0.0, -np.inf))
-    got = np.load(path("o.npy"))
-    check(np.abs(got - want).max() <= 1e-5,
-          f"run --sparse nbhd: max |out - ref| {np.abs(got - want).max():.3g}")
+for text, spec in ((80, "nbhd=2,5,7:1,3,3:80"), (30, "nbhd=2,5,7:1,3,3:30,50")):
+    r = sdpa("run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v",
+             save("v.npy", sv), "--out", path("o.npy"), "--sparse", spec)
+    nb = np.ones((150, 150), bool)
+    for a, (t, y, x) in enumerate(pos):
+        for b_, (t2, y2, x2) in enumerate(pos):
+            nb[text + a, text + b_] = all(start(p, n, w) <= p2 < start(p, n, w) + w
+                                          for p, p2, n, w in
+                                          ((t, t2, 2, 1), (y, y2, 5, 3), (x, x2, 7, 3)))
+    check(r.returncode == 0, f"run --sparse {spec}: {r.stderr!r}")
+    if r.returncode == 0:
+        want, _ = masked_reference(sq, sk, sv, add=np.where(nb[None, None], 0.0, -np.inf))
+        got = np.load(path("o.npy"))
+        check(np.abs(got - want).max() <= 1e-5,
+              f"run --sparse {spec}: max |out - ref| {np.abs(got - want).max():.3g}")
 expect_error("run --sparse with a grid that is not Sq",
              ["run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v", save("v.npy", sv),
               "--out", path("o.npy"), "--sparse", "nbhd=2,5,8:1,3,3:80"],
              "80 text + 2 x 5 x 8 grid tokens = 160, expected Sq 150")
+expect_error("run --sparse with text on both sides that is not Sq",
+             ["run", "--q", save("q.npy", sq), "--k", save("k.npy", sk), "--v", save("v.npy", sv),
+              "--out", path("o.npy"), "--sparse", "nbhd=2,5,7:1,3,3:30,49"],
+             "30 text + 2 x 5 x 7 grid tokens + 49 text = 149, expected Sq 150")
 expect_error("run --sparse unknown", ["run", "--q", save("q.npy", sq), "--k", save("k.npy", sk),
                                       "--v", save("v.npy", sv), "--out", path("o.npy"),
                                       "--sparse", "diagonal=3"], "expected window=L,R")
