@@ -55,6 +55,7 @@
 #define DECODE_ROWS 8       /* query rows per KV head up to which this path runs */
 #define DECODE_TASKS 16     /* fewer pieces than this: cut the keys too          */
 #define DECODE_KEYS 256     /* at least this many keys per key chunk             */
+#define DECODE_KEYS_ONE 64  /* the same with one row per KV head (see decode_run) */
 #define DECODE_INLINE (1 << 19) /* multiply-adds below which the pool stays asleep */
 #define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
 
@@ -336,8 +337,16 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     int64_t pieces = d->B * jb.n_hg;
     jb.n_kc = 1;
     if (pieces < DECODE_TASKS) { /* few pieces, many keys: cut the keys */
+        /* With one row per KV head (no grouped-query sharing) a task's
+         * heads are what keeps its reads along memory: cutting them (below)
+         * turns 8 KB runs of a key's heads into 2 KB ones. Shorter key
+         * chunks first: one query against 256 keys and 32 heads, bf16, ran
+         * 1.6x faster with 8 heads x 64 keys per task than with 2 x 256
+         * (Sapphire Rapids VM; bench/results/2026-12-03-decode-chunks-*).
+         * With grouped-query rows the rows share each read and the
+         * chunks' merges cost more than they save. */
         const int64_t want = (DECODE_TASKS + pieces - 1) / pieces;
-        const int64_t most = d->Skv / DECODE_KEYS;
+        const int64_t most = d->Skv / (jb.rows == 1 ? DECODE_KEYS_ONE : DECODE_KEYS);
         jb.n_kc = want < most ? want : most < 1 ? 1 : most;
     }
     jb.kc_len = ((d->Skv + jb.n_kc - 1) / jb.n_kc + VL - 1) / VL * VL;

@@ -380,7 +380,9 @@ static void grid(const char *backend)
      * taken together (BSHD: 32 per task and a group of 4 left over; cut
      * further when few), keys cut into chunks and merged (two KV heads,
      * 5000 keys), head dims with a tail (100), both causal alignments,
-     * every layout and dtype, peaked, and the non-finite values; 8 rows
+     * every layout and dtype, peaked, and the non-finite values; one row
+     * per KV head against 700 keys (cut into chunks of 64 keys or more, 16
+     * KV heads a task); 8 rows
      * per KV head (the most it takes: 8 query heads on one KV head), and
      * 16 (the tiled path) as a control. */
     {
@@ -389,7 +391,7 @@ static void grid(const char *backend)
                                          {1, 1, 5000, 8, 2, 128}, {2, 3, 2053, 4, 4, 64},
                                          {1, 1, 16, 4, 1, 96},    {1, 2, 700, 32, 16, 72},
                                          {1, 1, 900, 8, 1, 64},   {8, 1, 40, 36, 36, 32},
-                                         {1, 2, 300, 16, 2, 64}};
+                                         {1, 2, 300, 16, 2, 64},  {1, 1, 700, 32, 32, 64}};
         for (size_t i = 0; i < sizeof few / sizeof *few; i++) {
             c = mk(few[i][0], few[i][1], few[i][2], few[i][3], few[i][4], few[i][5]);
             c.causal = (sdpa_causal)(i % 3), c.layout = (tl_layout)(i % 3);
