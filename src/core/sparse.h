@@ -166,4 +166,12 @@ typedef struct sdpa_map_by_keys {
 
 sdpa_map_by_keys *sdpa__map_by_keys(const sdpa_block_map *m);
 
+/* The offsets of (b, h)'s row group: its key block kb's query blocks are
+ * q[st[kb] .. st[kb + 1]). */
+static inline const int64_t *sdpa__map_by_keys_of(const sdpa_map_by_keys *t,
+                                                  const sdpa_block_map *m, int64_t b, int64_t h)
+{
+    return t->start + sdpa__map_row(m, b, h, 0) / m->q_blocks * (t->kv_blocks + 1);
+}
+
 #endif

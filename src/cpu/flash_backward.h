@@ -455,7 +455,7 @@ static int bwd_keys_listed(const sdpa_call *c, const sdpa_map_by_keys *t, int64_
 {
     const sdpa_block_map *m = c->mask->blocks;
     for (int64_t h = h0; h < h0 + n; h++) {
-        const int64_t *st = t->start + sdpa__map_row(m, b, h, 0) / m->q_blocks * (t->kv_blocks + 1);
+        const int64_t *st = sdpa__map_by_keys_of(t, m, b, h);
         if (st[j1 / m->block_kv + 1] > st[j0 / m->block_kv])
             return 1;
     }
@@ -470,7 +470,7 @@ static int bwd_mark_rows(const sdpa_call *c, const sdpa_map_by_keys *t, uint8_t 
                          int64_t h, int64_t j0, int64_t j1)
 {
     const sdpa_block_map *m = c->mask->blocks;
-    const int64_t *st = t->start + sdpa__map_row(m, b, h, 0) / m->q_blocks * (t->kv_blocks + 1);
+    const int64_t *st = sdpa__map_by_keys_of(t, m, b, h);
     memset(mark, 0, (size_t)m->q_blocks);
     int any = 0;
     for (int64_t kb = j0 / m->block_kv; kb <= j1 / m->block_kv; kb++)
