@@ -10,15 +10,21 @@
  *
  * A block of query tiles buys nothing with one query: packing K and V for
  * it costs as much as using them, and 47 of a 48-lane block would be
- * empty. Here K and V are read in place (f32 rows with unit D-stride; other
- * dtypes are converted VL rows at a time), the rows of one KV head share
- * one pass over its keys, and keys run along the lanes only at the end:
+ * empty. Here K and V are read in place (f32, bf16 and f16 rows with unit
+ * D-stride, the half types widened as they are loaded; other rows are
+ * converted VL at a time), the rows of one KV head share one pass over its
+ * keys, and keys run along the lanes:
  *
  *   for VL keys at a time, for each KV head of the task, for each row r:
  *     acc[j] = sum_d q_r[d] k_j[d]       (VL vector accumulators over d)
  *     s_r    = the VL sums, one vector   (V_TRANSPOSE_REGS, then adds)
  *     online softmax on s_r (max, exp, sum; O_r rescaled when the max moves)
  *     O_r   += sum_j p_rj v_j            (over d, V's rows as they are)
+ *
+ * With 16 lanes and 2-8 rows per KV head (grouped-query heads, a few
+ * queries) the rows go side by side instead (decode_block_rows): K's block
+ * is transposed once, s_r = sum_d q_r[d] kt[d] for all rows in registers,
+ * and each V vector meets every row's weight before the next is loaded.
  *
  * Such a step reads every key once and is bound by memory. In BSHD one
  * head's consecutive keys are a row of all heads apart (4-32 KB), a page
@@ -58,6 +64,10 @@
 #define DECODE_KEYS_ONE 64  /* the same with one row per KV head (see decode_run) */
 #define DECODE_INLINE (1 << 19) /* multiply-adds below which the pool stays asleep */
 #define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
+/* Rows of one KV head share one pass (decode_block_rows) with 16 lanes;
+ * with 8 (AVX2) the row-by-row path was as fast or faster: 1.0-1.3x on
+ * grouped-query rows, bench/results/2026-12-03-decode-shared-ab-spr.txt */
+#define DECODE_SHARED (VL >= 16)
 
 typedef struct decode_job {
     const sdpa_call *c;
@@ -99,8 +109,39 @@ static inline const float *decode_f32_row(const sdpa_tensor *t, int64_t b, int64
     return stage;
 }
 
+/* f16 elements as floats where a vocabulary has no instruction for it */
+#ifndef V_LOAD_F16
+static inline vec decode_load_f16_part(const uint16_t *p, int n)
+{
+    float t[VL];
+    for (int i = 0; i < VL; i++)
+        t[i] = i < n ? sdpa__f16_to_f32(p[i]) : 0.0f;
+    return V_LOAD(t);
+}
+#define V_LOAD_F16(p) decode_load_f16_part((p), VL)
+#define V_LOAD_F16_PART(p, n) decode_load_f16_part((p), (n))
+#endif
+
+/* What K and V rows hold where the path reads them: f32 (the tensors' own
+ * rows or rows converted into the workspace), or bf16 or f16 rows read in
+ * place, converted as they are loaded. */
+enum { KV_F32, KV_BF16, KV_F16 };
+
+/* VL elements of a K or V row from d (kv: a constant where the callers are
+ * inlined, so each loop has one kind). */
+#define KV_LOAD(row, d, kv)                                                                  \
+    ((kv) == KV_BF16  ? V_LOAD_BF16((const uint16_t *)(row) + (d))                          \
+     : (kv) == KV_F16 ? V_LOAD_F16((const uint16_t *)(row) + (d))                           \
+                      : V_LOAD((const float *)(row) + (d)))
+#define KV_LOAD_PART(row, d, n, kv)                                                          \
+    ((kv) == KV_BF16  ? V_LOAD_BF16_PART((const uint16_t *)(row) + (d), (n))                \
+     : (kv) == KV_F16 ? V_LOAD_F16_PART((const uint16_t *)(row) + (d), (n))                 \
+                      : V_LOAD_PART((const float *)(row) + (d), (n)))
+
 /* VL dot products of q with VL key rows into one vector (lane j: q . k_j). */
-static inline vec decode_dots(const float *q, const float *const *k, int64_t D)
+static inline __attribute__((always_inline)) vec decode_dots(const float *q,
+                                                             const void *const *k, int64_t D,
+                                                             const int kv)
 {
     vec acc[VL];
     for (int j = 0; j < VL; j++)
@@ -109,12 +150,12 @@ static inline vec decode_dots(const float *q, const float *const *k, int64_t D)
     for (; d + VL <= D; d += VL) {
         const vec qv = V_LOAD(q + d);
         for (int j = 0; j < VL; j++)
-            acc[j] = V_FMA(qv, V_LOAD(k[j] + d), acc[j]);
+            acc[j] = V_FMA(qv, KV_LOAD(k[j], d, kv), acc[j]);
     }
     if (d < D) { /* the last part of the rows (their memory ends at D) */
         const vec qv = V_LOAD_PART(q + d, (int)(D - d));
         for (int j = 0; j < VL; j++)
-            acc[j] = V_FMA(qv, V_LOAD_PART(k[j] + d, (int)(D - d)), acc[j]);
+            acc[j] = V_FMA(qv, KV_LOAD_PART(k[j], d, (int)(D - d), kv), acc[j]);
     }
     V_TRANSPOSE_REGS(acc); /* acc[i] lane j: element i of k_j's products */
     vec s = acc[0];
@@ -123,19 +164,20 @@ static inline vec decode_dots(const float *q, const float *const *k, int64_t D)
     return s;
 }
 
-/* One row (slot) against one block of VL keys [j0, j0 + seen): scores,
- * the online softmax's max and sum, and O += P V. */
-static inline void decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r,
-                                    int64_t j0, int seen, const float *q,
-                                    const float *const *krow, const float *const *vrow,
-                                    float *o, float *m, float *l)
+/* The online softmax of one row (slot) over one block of VL keys [j0, j0 +
+ * seen) whose scores are `sv` (lane j: key j0 + j): masks, the max and sum,
+ * O rescaled when the max moves; p gets the weights. Returns the lanes
+ * whose value rows the output reads. */
+static inline unsigned decode_softmax_row(const decode_job *jb, int64_t b, int64_t hk, int r,
+                                          int64_t j0, int seen, vec sv, float *o, float *m,
+                                          float *l, float *p)
 {
     const sdpa_call *c = jb->c;
-    const int64_t D = c->desc.D, Dp = jb->Dp;
+    const int64_t Dp = jb->Dp;
     const sdpa_mask *mk = c->mask;
     const uint8_t *key = mk && mk->key ? mk->key + b * mk->key_stride[0] : NULL;
-    float s_buf[VL];
-    V_STORE(s_buf, decode_dots(q, krow, D));
+    float *s_buf = p;
+    V_STORE(s_buf, sv);
     float bmax = -INFINITY;
     unsigned weighed = 0; /* lanes whose value rows the output reads */
     if (seen == VL && !key && !(mk && mk->general)) { /* every lane, no mask */
@@ -160,12 +202,11 @@ static inline void decode_block_row(const decode_job *jb, int64_t b, int64_t hk,
             bmax = s_buf[j] > bmax ? s_buf[j] : bmax;
         }
     }
-    float *orow = o;
     if (bmax > *m) { /* the max moved: rescale what the row holds */
         const float alpha = *m == -INFINITY ? 0.0f : expf(*m - bmax);
         const vec av = V_SET1(alpha);
         for (int64_t dd = 0; dd < Dp; dd += VL)
-            V_STORE(orow + dd, V_MUL(V_LOAD(orow + dd), av));
+            V_STORE(o + dd, V_MUL(V_LOAD(o + dd), av));
         *l *= alpha;
         *m = bmax;
     }
@@ -177,14 +218,23 @@ static inline void decode_block_row(const decode_job *jb, int64_t b, int64_t hk,
     for (int j = 0; j < VL; j++)
         sum += s_buf[j];
     *l += sum;
-    /* only the keys the row sees meet V: a hidden key's NaN or Inf
-     * in v must not reach it (0 * Inf) */
+    return weighed;
+}
+
+/* O += sum_j p_j v_j over the lanes in `weighed` (of the first `seen`): only
+ * the keys the row sees meet V, so a hidden key's NaN or Inf in v cannot
+ * reach it (0 * Inf). */
+static inline __attribute__((always_inline)) void
+decode_pv_row(const decode_job *jb, float *orow, const float *p, unsigned weighed, int seen,
+              const void *const *vrow, const int kv)
+{
+    const int64_t D = jb->c->desc.D;
     int64_t dd = 0;
     if (weighed == (1u << (VL - 1) << 1) - 1) { /* every lane: no test per key */
         for (; dd + VL <= D; dd += VL) {
             vec acc = V_LOAD(orow + dd);
             for (int j = 0; j < VL; j++)
-                acc = V_FMA(V_SET1(s_buf[j]), V_LOAD(vrow[j] + dd), acc);
+                acc = V_FMA(V_SET1(p[j]), KV_LOAD(vrow[j], dd, kv), acc);
             V_STORE(orow + dd, acc);
         }
     }
@@ -192,16 +242,159 @@ static inline void decode_block_row(const decode_job *jb, int64_t b, int64_t hk,
         vec acc = V_LOAD(orow + dd);
         for (int j = 0; j < seen; j++)
             if (weighed >> j & 1)
-                acc = V_FMA(V_SET1(s_buf[j]), V_LOAD(vrow[j] + dd), acc);
+                acc = V_FMA(V_SET1(p[j]), KV_LOAD(vrow[j], dd, kv), acc);
         V_STORE(orow + dd, acc);
     }
     if (dd < D) {
         vec acc = V_LOAD(orow + dd);
         for (int j = 0; j < seen; j++)
             if (weighed >> j & 1)
-                acc = V_FMA(V_SET1(s_buf[j]), V_LOAD_PART(vrow[j] + dd, (int)(D - dd)),
-                            acc);
+                acc = V_FMA(V_SET1(p[j]), KV_LOAD_PART(vrow[j], dd, (int)(D - dd), kv), acc);
         V_STORE(orow + dd, acc);
+    }
+}
+
+/* One row (slot) against one block of VL keys [j0, j0 + seen): scores,
+ * the online softmax's max and sum, and O += P V. */
+static inline __attribute__((always_inline)) void
+decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0, int seen,
+                 const float *q, const void *const *krow, const void *const *vrow, float *o,
+                 float *m, float *l, const int kv)
+{
+    float p[VL];
+    const unsigned weighed = decode_softmax_row(
+        jb, b, hk, r, j0, seen, decode_dots(q, krow, jb->c->desc.D, kv), o, m, l, p);
+    decode_pv_row(jb, o, p, weighed, seen, vrow, kv);
+}
+
+/*
+ * All rows of one KV head (2 to DECODE_ROWS of them: grouped-query heads,
+ * a few queries) against one block of VL keys: the rows share every read.
+ * K's block is transposed once into kt [D][VL] (keys on the lanes), so a
+ * row's scores are D multiply-adds of a broadcast q element with a row of
+ * kt, the rows side by side in registers; and O += P V runs a V vector
+ * against every row's weight before the next. Against a dot-product
+ * transpose per row (decode_block_row) this is one transpose per block
+ * instead of one per row, and V is read once instead of once per row.
+ * Rows that see only part of the block, or whose masks hide keys, add
+ * their P V alone (decode_pv_row: hidden keys never meet V).
+ */
+static inline __attribute__((always_inline)) void
+decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr,
+                                     int64_t j0, const int64_t *limit, const float *q,
+                                     const void *const *krow, const void *const *vrow,
+                                     float *kt, float *o, float *m, float *l, const int kv)
+{
+    const int64_t D = jb->c->desc.D, Dp = jb->Dp;
+    for (int64_t d = 0; d < D; d += VL) {
+        vec t[VL];
+        const int part = D - d < VL ? (int)(D - d) : VL;
+        for (int j = 0; j < VL; j++)
+            t[j] = part == VL ? KV_LOAD(krow[j], d, kv) : KV_LOAD_PART(krow[j], d, part, kv);
+        V_TRANSPOSE_REGS(t); /* t[i] lane j: element d + i of k_j */
+        for (int i = 0; i < part; i++)
+            V_STORE(kt + (d + i) * VL, t[i]);
+    }
+    vec acc[DECODE_ROWS];
+    for (int r = 0; r < nr; r++)
+        acc[r] = V_ZERO();
+    for (int64_t d = 0; d < D; d++) {
+        const vec kd = V_LOAD(kt + d * VL);
+        for (int r = 0; r < nr; r++)
+            acc[r] = V_FMA(V_SET1(q[r * Dp + d]), kd, acc[r]);
+    }
+    float p[DECODE_ROWS][VL];
+    unsigned weighed[DECODE_ROWS];
+    int together = 1; /* every row weighs every lane: P V side by side */
+    for (int r = 0; r < nr; r++) {
+        const int64_t ahead = limit[r] - j0;
+        if (ahead <= 0) { /* this row sees none of these keys */
+            weighed[r] = 0, together = 0;
+            continue;
+        }
+        const int seen = ahead < VL ? (int)ahead : VL;
+        weighed[r] = decode_softmax_row(jb, b, hk, r, j0, seen, acc[r], o + r * Dp, m + r,
+                                        l + r, p[r]);
+        together &= weighed[r] == (1u << (VL - 1) << 1) - 1;
+    }
+    if (!together) {
+        for (int r = 0; r < nr; r++)
+            if (weighed[r])
+                decode_pv_row(jb, o + r * Dp, p[r], weighed[r],
+                              limit[r] - j0 < VL ? (int)(limit[r] - j0) : VL, vrow, kv);
+        return;
+    }
+    int64_t dd = 0;
+    for (; dd < D; dd += VL) {
+        const int part = D - dd < VL ? (int)(D - dd) : VL;
+        for (int r = 0; r < nr; r++)
+            acc[r] = V_LOAD(o + r * Dp + dd);
+        for (int j = 0; j < VL; j++) {
+            const vec vv =
+                part == VL ? KV_LOAD(vrow[j], dd, kv) : KV_LOAD_PART(vrow[j], dd, part, kv);
+            for (int r = 0; r < nr; r++)
+                acc[r] = V_FMA(V_SET1(p[r][j]), vv, acc[r]);
+        }
+        for (int r = 0; r < nr; r++)
+            V_STORE(o + r * Dp + dd, acc[r]);
+    }
+}
+
+/* The rows of KV heads [hk0, hk1) of batch b against keys [k0, kmax), VL
+ * at a time, every head's rows of a key block before the next block. kv:
+ * what the rows hold (KV_BF16, KV_F16: read in place; KV_F32: f32 rows
+ * read in place or rows of any dtype converted into the workspace after kt). */
+static inline __attribute__((always_inline)) void
+decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k0, int64_t kmax,
+            const int64_t *limit, const float *q, float *o, float *m, float *l, float *kt,
+            const int kv)
+{
+    const sdpa_call *c = jb->c;
+    const int64_t D = c->desc.D, Dp = jb->Dp;
+    const int nr = (int)jb->rows;
+    float *kst = kt + VL * Dp, *vst = kst + VL * Dp;
+    const void *krow[VL], *vrow[VL];
+    for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
+        const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
+        for (int64_t hk = hk0; hk < hk1; hk++) {
+            for (int j = 0; j < nk; j++) {
+                if (kv != KV_F32) {
+                    krow[j] = sdpa__elem(c->k, sdpa__offset(c->k, b, j0 + j, hk, 0));
+                    vrow[j] = sdpa__elem(c->v, sdpa__offset(c->v, b, j0 + j, hk, 0));
+                } else {
+                    krow[j] = decode_f32_row(c->k, b, j0 + j, hk, D, 1.0f, kst + j * Dp);
+                    vrow[j] = decode_f32_row(c->v, b, j0 + j, hk, D, 1.0f, vst + j * Dp);
+                }
+            }
+            for (int j = nk; j < VL; j++) /* past the keys: lanes computed on, then hidden */
+                krow[j] = krow[0], vrow[j] = vrow[0];
+            const int sl0 = (int)(hk - hk0) * nr;
+            if (DECODE_SHARED && nr > 1) { /* a constant row count each: sums in registers */
+#define ROWS_CASE(n)                                                                         \
+    case n:                                                                                  \
+        decode_block_rows(jb, b, hk, n, j0, limit, q + sl0 * Dp, krow, vrow, kt, o + sl0 * Dp, \
+                          m + sl0, l + sl0, kv);                                             \
+        break;
+                switch (nr) {
+                    ROWS_CASE(2)
+                    ROWS_CASE(3)
+                    ROWS_CASE(4)
+                    ROWS_CASE(5)
+                    ROWS_CASE(6)
+                    ROWS_CASE(7)
+                    ROWS_CASE(8)
+                }
+#undef ROWS_CASE
+                continue;
+            }
+            for (int r = 0; r < nr; r++) {
+                const int64_t ahead = limit[r] - j0;
+                const int sl = sl0 + r;
+                if (ahead > 0) /* else this row sees none of these keys */
+                    decode_block_row(jb, b, hk, r, j0, ahead < VL ? (int)ahead : VL, q + sl * Dp,
+                                     krow, vrow, o + sl * Dp, m + sl, l + sl, kv);
+            }
+        }
     }
 }
 
@@ -221,10 +414,10 @@ static void decode_task(void *arg, int64_t task, int worker)
     sdpa__seq_lens(c, b, &len_q, &len_kv);
     const int64_t k0 = kc * jb->kc_len;
     const int64_t k1 = k0 + jb->kc_len < len_kv ? k0 + jb->kc_len : len_kv;
-    /* the workspace: Q rows, O rows, m, l, and VL converted K and V rows */
+    /* the workspace: Q rows, O rows, m, l, K transposed, VL converted K and V rows */
     float *w = jb->ws + jb->ws_floats * (size_t)worker;
     float *q = w, *o = q + DECODE_SLOTS * Dp, *m = o + DECODE_SLOTS * Dp, *l = m + DECODE_SLOTS;
-    float *kst = l + DECODE_SLOTS, *vst = kst + VL * Dp;
+    float *kt = l + DECODE_SLOTS; /* then VL converted K and V rows (decode_keys) */
     int64_t limit[DECODE_ROWS]; /* keys row r sees, whatever its head: [0, limit) */
     int64_t kmax = k0;
     for (int r = 0; r < nr; r++) {
@@ -243,25 +436,20 @@ static void decode_task(void *arg, int64_t task, int worker)
         m[sl] = -INFINITY, l[sl] = 0.0f;
         memset(o + sl * Dp, 0, sizeof(float) * (size_t)Dp);
     }
-    const float *krow[VL], *vrow[VL];
-    for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
-        const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
-        for (int64_t hk = hk0; hk < hk1; hk++) {
-            for (int j = 0; j < nk; j++) {
-                krow[j] = decode_f32_row(c->k, b, j0 + j, hk, D, 1.0f, kst + j * Dp);
-                vrow[j] = decode_f32_row(c->v, b, j0 + j, hk, D, 1.0f, vst + j * Dp);
-            }
-            for (int j = nk; j < VL; j++) /* past the keys: lanes computed on, then hidden */
-                krow[j] = krow[0], vrow[j] = vrow[0];
-            for (int r = 0; r < nr; r++) {
-                const int64_t ahead = limit[r] - j0;
-                const int sl = (int)(hk - hk0) * nr + r;
-                if (ahead > 0) /* else this row sees none of these keys */
-                    decode_block_row(jb, b, hk, r, j0, ahead < VL ? (int)ahead : VL, q + sl * Dp,
-                                     krow, vrow, o + sl * Dp, m + sl, l + sl);
-            }
-        }
-    }
+    /* bf16 and f16 K and V with unit stride are read where they are when
+     * each element is widened once: one row per KV head, or the rows side
+     * by side (a conversion pass into the workspace and back made bf16
+     * steps against 256-8192 keys 1.3-1.6x slower); row by row, 2-8 rows
+     * would widen each element 2-8 times (AVX2: 1.2-1.3x slower than
+     * converting once), so the rows are converted (decode_f32_row) */
+    const int in_place = c->k->dtype == c->v->dtype && c->k->stride[3] == 1 &&
+                         c->v->stride[3] == 1 && (DECODE_SHARED || nr == 1);
+    if (in_place && c->k->dtype == SDPA_BF16)
+        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kt, KV_BF16);
+    else if (in_place && c->k->dtype == SDPA_F16)
+        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kt, KV_F16);
+    else
+        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kt, KV_F32);
     if (jb->n_kc > 1) { /* partial results, merged in decode_merge */
         float *p = jb->part + (size_t)task * (size_t)(DECODE_SLOTS * (Dp + 2));
         for (int sl = 0; sl < slots; sl++) {
@@ -367,7 +555,7 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     const int is_share = sdpa__pool_share_of(c->pool, &share, &shares);
     sdpa_pool *pool = macs < DECODE_INLINE && !is_share ? NULL : c->pool;
     const int threads = sdpa__pool_workers(pool);
-    jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 2 * VL * jb.Dp + 16);
+    jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 3 * VL * jb.Dp + 16);
     const int64_t tasks = pieces * jb.n_kc;
     const size_t part = jb.n_kc > 1 ? (size_t)tasks * (size_t)(DECODE_SLOTS * (jb.Dp + 2)) : 0;
     const size_t bytes = sizeof(float) * (jb.ws_floats * (size_t)threads + part);

@@ -30,11 +30,33 @@ typedef __m256 vec;
 /* the first n < 8 lanes of p (the rest zero), and into p */
 #define V_LOAD_PART(p, n) _mm256_maskload_ps((p), part_mask(n))
 #define V_STORE_PART(p, x, n) _mm256_maskstore_ps((p), part_mask(n), (x))
+/* 8 bf16 or f16 at p (uint16_t *) as floats, exactly; and the first n < 8 of them */
+#define V_LOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define V_LOAD_BF16_PART(p, n) load_bf16_part((p), (n))
+#define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define V_LOAD_F16_PART(p, n) load_f16_part((p), (n))
 
 static inline __m256i part_mask(int n)
 {
     static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     return _mm256_loadu_si256((const __m256i *)(lanes + 8 - n));
+}
+
+static inline __m256 load_bf16_part(const uint16_t *p, int n)
+{
+    uint16_t t[8] = {0};
+    for (int i = 0; i < n; i++)
+        t[i] = p[i];
+    return V_LOAD_BF16(t);
+}
+
+static inline __m256 load_f16_part(const uint16_t *p, int n)
+{
+    uint16_t t[8] = {0};
+    for (int i = 0; i < n; i++)
+        t[i] = p[i];
+    return V_LOAD_F16(t);
 }
 
 static inline __m256 exp256(__m256 x)

@@ -35,6 +35,15 @@ typedef __m512 vec;
 /* the first n < 16 lanes of p (the rest zero), and into p */
 #define V_LOAD_PART(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), (p))
 #define V_STORE_PART(p, x, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (x))
+/* 16 bf16 or f16 at p (uint16_t *) as floats, exactly; and the first n < 16 of them */
+#define V_LOAD_BF16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define V_LOAD_BF16_PART(p, n)                                                               \
+    _mm512_castsi512_ps(_mm512_slli_epi32(                                                   \
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16((__mmask16)((1u << (n)) - 1), (p))), 16))
+#define V_LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define V_LOAD_F16_PART(p, n) \
+    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << (n)) - 1), (p)))
 
 static inline __m512 exp512(__m512 x)
 {

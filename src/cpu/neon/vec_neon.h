@@ -32,6 +32,9 @@ typedef float32x4_t vec;
  * them is read or written */
 #define V_LOAD_PART(p, n) load_part((p), (n))
 #define V_STORE_PART(p, x, n) store_part((p), (x), (n))
+/* 4 bf16 at p (uint16_t *) as floats, exactly; and the first n < 4 of them */
+#define V_LOAD_BF16(p) vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16))
+#define V_LOAD_BF16_PART(p, n) load_bf16_part((p), (n))
 
 static inline float32x4_t load_part(const float *p, int n)
 {
@@ -47,6 +50,14 @@ static inline void store_part(float *p, float32x4_t x, int n)
     vst1q_f32(t, x);
     for (int i = 0; i < n; i++)
         p[i] = t[i];
+}
+
+static inline float32x4_t load_bf16_part(const uint16_t *p, int n)
+{
+    uint16_t t[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++)
+        t[i] = p[i];
+    return V_LOAD_BF16(t);
 }
 
 static inline float32x4_t exp_neon(float32x4_t x)
