@@ -181,8 +181,12 @@ static inline unsigned decode_softmax_row(const decode_job *jb, int64_t b, int64
     float bmax = -INFINITY;
     unsigned weighed = 0; /* lanes whose value rows the output reads */
     if (seen == VL && !key && !(mk && mk->general)) { /* every lane, no mask */
+#ifdef V_REDUCE_MAX /* a chain of 16 scalar compares per row was 1/3 of the rows' time */
+        bmax = V_REDUCE_MAX(sv);
+#else
         for (int j = 0; j < VL; j++)
             bmax = s_buf[j] > bmax ? s_buf[j] : bmax; /* NaN: its p is NaN anyway */
+#endif
         weighed = (1u << (VL - 1) << 1) - 1;
     } else {
         int64_t h = 0, i = 0;
@@ -213,11 +217,16 @@ static inline unsigned decode_softmax_row(const decode_job *jb, int64_t b, int64
     /* a row that saw only -inf keeps m = -inf: subtracting 0
      * keeps exp(-inf) = 0 rather than NaN */
     const float mu = *m == -INFINITY ? 0.0f : *m;
-    V_STORE(s_buf, V_EXP(V_SUB(V_LOAD(s_buf), V_SET1(mu))));
+    const vec pv = V_EXP(V_SUB(V_LOAD(s_buf), V_SET1(mu)));
+    V_STORE(s_buf, pv);
+#ifdef V_REDUCE_ADD
+    *l += V_REDUCE_ADD(pv);
+#else
     float sum = 0.0f;
     for (int j = 0; j < VL; j++)
         sum += s_buf[j];
     *l += sum;
+#endif
     return weighed;
 }
 

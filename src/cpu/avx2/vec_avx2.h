@@ -27,6 +27,10 @@ typedef __m256 vec;
 #define V_MAX(a, b) _mm256_max_ps((a), (b))
 #define V_EXP(x) exp256(x)
 #define V_TRANSPOSE_REGS(r) transpose8(r)
+/* the largest lane (a NaN lane may or may not win: such rows end NaN either
+ * way) and the sum of the lanes, as a float */
+#define V_REDUCE_MAX(x) reduce_max8(x)
+#define V_REDUCE_ADD(x) reduce_add8(x)
 /* the first n < 8 lanes of p (the rest zero), and into p */
 #define V_LOAD_PART(p, n) _mm256_maskload_ps((p), part_mask(n))
 #define V_STORE_PART(p, x, n) _mm256_maskstore_ps((p), part_mask(n), (x))
@@ -41,6 +45,20 @@ static inline __m256i part_mask(int n)
 {
     static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     return _mm256_loadu_si256((const __m256i *)(lanes + 8 - n));
+}
+
+static inline float reduce_max8(__m256 x)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float reduce_add8(__m256 x)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 static inline __m256 load_bf16_part(const uint16_t *p, int n)

@@ -32,6 +32,10 @@ typedef __m512 vec;
 #define V_MUL_ROUNDED(a, b) _mm512_mul_round_ps((a), (b), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define V_EXP(x) exp512(x)
 #define V_TRANSPOSE_REGS(r) transpose16(r)
+/* the largest lane (a NaN lane may or may not win: such rows end NaN either
+ * way) and the sum of the lanes, as a float */
+#define V_REDUCE_MAX(x) _mm512_reduce_max_ps(x)
+#define V_REDUCE_ADD(x) _mm512_reduce_add_ps(x)
 /* the first n < 16 lanes of p (the rest zero), and into p */
 #define V_LOAD_PART(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), (p))
 #define V_STORE_PART(p, x, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (x))

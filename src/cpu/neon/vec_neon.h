@@ -28,6 +28,9 @@ typedef float32x4_t vec;
 #define V_MAX(a, b) vmaxq_f32((a), (b))
 #define V_EXP(x) exp_neon(x)
 #define V_TRANSPOSE_REGS(r) transpose4(r)
+/* the largest lane (NaN if a lane is) and the sum of the lanes, as a float */
+#define V_REDUCE_MAX(x) vmaxvq_f32(x)
+#define V_REDUCE_ADD(x) vaddvq_f32(x)
 /* the first n < 4 lanes of p (the rest zero), and into p: nothing past
  * them is read or written */
 #define V_LOAD_PART(p, n) load_part((p), (n))
