@@ -289,10 +289,9 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
  * their P V alone (decode_pv_row: hidden keys never meet V).
  */
 static inline __attribute__((always_inline)) void
-decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr,
-                                     int64_t j0, const int64_t *limit, const float *q,
-                                     const void *const *krow, const void *const *vrow,
-                                     float *kt, float *o, float *m, float *l, const int kv)
+decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
+                  const int64_t *limit, const float *q, const void *const *krow,
+                  const void *const *vrow, float *kt, float *o, float *m, float *l, const int kv)
 {
     const int64_t D = jb->c->desc.D, Dp = jb->Dp;
     for (int64_t d = 0; d < D; d += VL) {
