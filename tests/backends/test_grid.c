@@ -403,6 +403,14 @@ static void grid(const char *backend)
         c.values = TL_PEAKED, c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         check_case(backend, &c);
         nonfinite_cases(backend, mk(1, 2, 600, 4, 2, 64));
+        /* one row per KV head, bf16 and f16 K and V read in place, a head
+         * dim whose last part is 2 elements for 4, 8 and 16 lanes (the
+         * vocabularies' partial half loads) */
+        for (int t = SDPA_F16; t <= SDPA_BF16; t++) {
+            c = mk(1, 1, 300, 8, 8, 98);
+            c.dtype = (sdpa_dtype)t;
+            check_case(backend, &c);
+        }
     }
     /* Mixed dtypes: q in one dtype, k and v in another (f32 queries over
      * an f16 or bf16 cache, as stable-diffusion.cpp calls it, and the

@@ -37,9 +37,10 @@ typedef __m256 vec;
 /* 8 bf16 or f16 at p (uint16_t *) as floats, exactly; and the first n < 8 of them */
 #define V_LOAD_BF16(p) \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
-#define V_LOAD_BF16_PART(p, n) load_bf16_part((p), (n))
+#define V_LOAD_BF16_PART(p, n) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_halves_part((p), (n))), 16))
 #define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define V_LOAD_F16_PART(p, n) load_f16_part((p), (n))
+#define V_LOAD_F16_PART(p, n) _mm256_cvtph_ps(load_halves_part((p), (n)))
 
 static inline __m256i part_mask(int n)
 {
@@ -61,20 +62,14 @@ static inline float reduce_add8(__m256 x)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-static inline __m256 load_bf16_part(const uint16_t *p, int n)
+/* The first n < 8 16-bit values at p, the rest zero (AVX2 has no 16-bit
+ * masked load; nothing past them is read). */
+static inline __m128i load_halves_part(const uint16_t *p, int n)
 {
     uint16_t t[8] = {0};
     for (int i = 0; i < n; i++)
         t[i] = p[i];
-    return V_LOAD_BF16(t);
-}
-
-static inline __m256 load_f16_part(const uint16_t *p, int n)
-{
-    uint16_t t[8] = {0};
-    for (int i = 0; i < n; i++)
-        t[i] = p[i];
-    return V_LOAD_F16(t);
+    return _mm_loadu_si128((const __m128i *)t);
 }
 
 static inline __m256 exp256(__m256 x)
