@@ -109,17 +109,24 @@ static inline const float *decode_f32_row(const sdpa_tensor *t, int64_t b, int64
     return stage;
 }
 
-/* f16 elements as floats where a vocabulary has no instruction for it */
-#ifndef V_LOAD_F16
-static inline vec decode_load_f16_part(const uint16_t *p, int n)
+/* bf16 and f16 elements as floats where a vocabulary has no instruction
+ * for them (cpu.portable; NEON for f16): core/convert.h's, one at a time */
+#if !defined(V_LOAD_BF16) || !defined(V_LOAD_F16)
+static inline vec decode_load_half_part(const uint16_t *p, int n, sdpa_dtype t)
 {
-    float t[VL];
+    float x[VL];
     for (int i = 0; i < VL; i++)
-        t[i] = i < n ? sdpa__f16_to_f32(p[i]) : 0.0f;
-    return V_LOAD(t);
+        x[i] = i >= n ? 0.0f : t == SDPA_BF16 ? sdpa__bf16_to_f32(p[i]) : sdpa__f16_to_f32(p[i]);
+    return V_LOAD(x);
 }
-#define V_LOAD_F16(p) decode_load_f16_part((p), VL)
-#define V_LOAD_F16_PART(p, n) decode_load_f16_part((p), (n))
+#endif
+#ifndef V_LOAD_BF16
+#define V_LOAD_BF16(p) decode_load_half_part((p), VL, SDPA_BF16)
+#define V_LOAD_BF16_PART(p, n) decode_load_half_part((p), (n), SDPA_BF16)
+#endif
+#ifndef V_LOAD_F16
+#define V_LOAD_F16(p) decode_load_half_part((p), VL, SDPA_F16)
+#define V_LOAD_F16_PART(p, n) decode_load_half_part((p), (n), SDPA_F16)
 #endif
 
 /* What K and V rows hold where the path reads them: f32 (the tensors' own

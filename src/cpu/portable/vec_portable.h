@@ -16,7 +16,6 @@
 #include "../exp_portable.h"
 
 #include <stddef.h>
-#include <stdint.h>
 #include <string.h>
 
 #define VL 8
@@ -102,20 +101,7 @@ static inline void v_transpose(vec r[VL])
         }
 }
 
-/* VL bf16 (uint16_t) at p as floats, exactly; and the first n of them */
-static inline vec v_load_bf16_part(const uint16_t *p, int n)
-{
-    vec r;
-    for (int i = 0; i < VL; i++) {
-        const uint32_t u = i < n ? (uint32_t)p[i] << 16 : 0;
-        memcpy(&r.x[i], &u, sizeof u);
-    }
-    return r;
-}
-
 #define V_LOAD(p) v_load(p)
-#define V_LOAD_BF16(p) v_load_bf16_part((p), VL)
-#define V_LOAD_BF16_PART(p, n) v_load_bf16_part((p), (n))
 #define V_LOAD_PART(p, n) v_load_part((p), (n))
 #define V_TRANSPOSE_REGS(r) v_transpose(r)
 #define V_STORE(p, x) v_store((p), (x))
