@@ -170,7 +170,7 @@ int main(int argc, char **argv)
     for (int r = 0; r < n_rows; r++) {
         const row *rw = &rows[r];
         problem pb;
-        if (!problem_make(&pb, &rw->d, rw->seq_len_kv, dtype, 0))
+        if (!problem_make(&pb, &rw->d, rw->seq_len_kv, dtype, dtype, 0))
             return tool_usage_error("out of memory for %s", rw->name);
         double unused;
         run_ms(ctx, &pb, rw, "cpu.amx-notiles", &unused); /* warm up both */

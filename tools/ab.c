@@ -222,7 +222,7 @@ int cmd_ab(int argc, char **argv)
     for (int r = 0; r < n_rows; r++) {
         sdpa_call_desc *d = &rows[r].d;
         problem p;
-        if (!problem_make(&p, d, rows[r].seq_len_kv, dtype, 0)) {
+        if (!problem_make(&p, d, rows[r].seq_len_kv, dtype, dtype, 0)) {
             rc = tool_usage_error("row %s: out of memory", rows[r].name);
             goto done;
         }

@@ -281,7 +281,7 @@ int cmd_bench(int argc, char **argv)
         sdpa_call_desc *d = &rows[r].d;
         problem pb;
         problem_grads pg;
-        if (!problem_make(&pb, d, rows[r].seq_len_kv, dtype, backward)) {
+        if (!problem_make(&pb, d, rows[r].seq_len_kv, dtype, dtype, backward)) {
             rc = tool_usage_error("row %s: out of memory for its tensors", rows[r].name);
             break;
         }

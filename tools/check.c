@@ -89,7 +89,7 @@ int cmd_check(int argc, char **argv)
                  (long long)d.Sq, (long long)d.Skv, (long long)d.Hq, (long long)d.Hkv,
                  (long long)d.D, d.causal ? " causal" : "", pad, shrunk ? "*" : "");
         problem ref, got[MAX_CHECK_BACKENDS];
-        int ok_alloc = problem_make(&ref, &d, rows[r].seq_len_kv, dtype, 1);
+        int ok_alloc = problem_make(&ref, &d, rows[r].seq_len_kv, dtype, SDPA_F32, 1);
         sdpa_params p = SDPA_PARAMS_DEFAULT;
         p.causal = d.causal;
         p.mask = ref.mask;

@@ -236,7 +236,7 @@ static void *random_tensor(sdpa_dtype t, size_t n)
 }
 
 int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_dtype dtype,
-                 int with_lse)
+                 sdpa_dtype out_dtype, int with_lse)
 {
     memset(p, 0, sizeof *p);
     if (d->mask & SDPA_MASK_KIND_SEQ_LEN) {
@@ -253,7 +253,7 @@ int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_d
     const size_t nk = (size_t)(d->B * d->Skv * d->Hkv * d->D);
     void *q = random_tensor(dtype, nq), *k = random_tensor(dtype, nk);
     void *v = random_tensor(dtype, nk);
-    float *o = malloc(sizeof(float) * (nq ? nq : 1));
+    void *o = malloc(sdpa_dtype_size(out_dtype) * (nq ? nq : 1));
     float *lse = with_lse ? malloc(sizeof(float) * (size_t)(d->B * d->Hq * d->Sq)) : NULL;
     if (!q || !k || !v || !o || (with_lse && !lse)) {
         free(q), free(k), free(v), free(o), free(lse), free(p->lens);
@@ -262,7 +262,7 @@ int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_d
     p->q = sdpa_tensor_bshd(q, dtype, d->B, d->Sq, d->Hq, d->D);
     p->k = sdpa_tensor_bshd(k, dtype, d->B, d->Skv, d->Hkv, d->D);
     p->v = sdpa_tensor_bshd(v, dtype, d->B, d->Skv, d->Hkv, d->D);
-    p->out = sdpa_tensor_bshd(o, SDPA_F32, d->B, d->Sq, d->Hq, d->D);
+    p->out = sdpa_tensor_bshd(o, out_dtype, d->B, d->Sq, d->Hq, d->D);
     p->lse = lse;
     return 1;
 }

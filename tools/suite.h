@@ -65,8 +65,12 @@ void suite_json_string(const char *s);
  * the keys counted are the real ones (the work a call must do). */
 double suite_flops(const sdpa_call_desc *d, int64_t seq_len_kv);
 
-/* Random inputs in [-1, 1) and an f32 output for one row, BSHD; with
- * seq_len_kv > 0, the padding mask (mask points at mask_store, else NULL). */
+/* Random inputs in [-1, 1) and an output of out_dtype for one row, BSHD;
+ * with seq_len_kv > 0, the padding mask (mask points at mask_store, else
+ * NULL). The timing tools write the inputs' dtype, as a model's layer and
+ * the peers do (an f32 output for bf16 inputs writes twice the bytes: a
+ * fifth of cpu.amx's time outside the tiles on SDXL's cross row); `sdpa
+ * check` keeps f32 for its comparison. */
 typedef struct problem {
     sdpa_tensor q, k, v, out;
     float *lse;
@@ -81,7 +85,7 @@ typedef struct problem {
 int problem_sparse(problem *p, const row *r, char *err, size_t n);
 
 int problem_make(problem *p, const sdpa_call_desc *d, int64_t seq_len_kv, sdpa_dtype dtype,
-                 int with_lse);
+                 sdpa_dtype out_dtype, int with_lse);
 void problem_free(problem *p);
 
 /* What a backward call of a problem adds: a random dout in the inputs'

@@ -169,7 +169,7 @@ static int tune_check(row *rows, int n_rows, const char *backends, int threads, 
                               strncmp(dec.rule_origin, wisdom, strlen(wisdom)) == 0 &&
                               dec.rule_origin[strlen(wisdom)] == ':';
         problem pb;
-        if (!choice || !problem_make(&pb, &d, rows[r].seq_len_kv, d.dtype, 0)) {
+        if (!choice || !problem_make(&pb, &d, rows[r].seq_len_kv, d.dtype, d.dtype, 0)) {
             printf("%-18s %-5s no decision, or out of memory\n", rows[r].name,
                    sdpa_dtype_name(d.dtype));
             continue;
