@@ -39,7 +39,10 @@
  * values. The max moves lazily: m is raised only when a score exceeds it
  * by more than 2^TAU, so P may reach 2^TAU (exact in bf16 terms: its
  * relative rounding is the same) and O and l are rescaled only then,
- * almost never after the first key block of a row. Costs, the tiles'
+ * almost never after the first key block of a row. So past that block a
+ * row's P is computed against the m it has, with no pass for the max, and
+ * the sums tell whether some P passed 2^TAU (then the row is redone with
+ * its max: softmax_row). Costs, the tiles'
  * budget and how they were measured: README "cpu.amx" and bench/amx_cost.c.
  *
  * Few queries (at most eight rows per KV head: a decode step, one token):
@@ -109,6 +112,7 @@
 #define PACK_BUDGET ((size_t)12 << 20) /* packed K and V held at once        */
 #define LOG2E 1.44269504088896341f
 #define TAU 8.0f        /* the lazy max: P may reach 2^TAU                    */
+#define P_LIMIT 256.0f  /* 2^TAU                                              */
 
 typedef struct amx_qblock {
     uint16_t *q; /* [BQ][Dp] bf16: A tiles of the first product        */
@@ -536,6 +540,23 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
             _mm512_store_si512(p + 16 * v, _mm512_setzero_si512());
         return;
     }
+    float m = qb->m[r];
+    if (m != -INFINITY) {
+        /* Past a row's first block the max seldom moves (lazily: by more
+         * than TAU), so P is computed against the m it has, without a pass
+         * for the block's max, and checked after: every P is at most its
+         * lane's sum (P >= 0), so sums at most 2^TAU mean no score passed
+         * m + TAU (up to the polynomial's 1e-4). Otherwise (a larger score,
+         * or many near 2^TAU: inf and overflow included) the row is done
+         * again below with its max. It saves the max pass, a tenth of the
+         * softmax's vector operations. */
+        const __m512 sum = fabsf(m) < 0x1p20f ? exp_row(s, p, nv, limit, c, m, 0)
+                                              : exp_row(s, p, nv, limit, c, m, 1);
+        if (!_mm512_cmp_ps_mask(sum, _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ)) {
+            _mm512_store_ps(qb->l + 16 * r, _mm512_add_ps(_mm512_load_ps(qb->l + 16 * r), sum));
+            return;
+        }
+    }
     /* four running maxima: one would be a chain of VMAXPS latencies */
     __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
     int v = 0;
@@ -551,7 +572,6 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
         mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
     mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
     mx = _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    float m = qb->m[r];
     if (m == -INFINITY || _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + TAU), _CMP_GT_OQ)) {
         const float top = _mm512_reduce_max_ps(mx);
         if (top > m) { /* NaN scores leave m: their P is NaN whatever m is */
