@@ -23,7 +23,7 @@
  *
  * With 16 lanes and 2-8 rows per KV head (grouped-query heads, a few
  * queries) the rows go side by side instead (decode_block_rows): K's block
- * is transposed once, s_r = sum_d q_r[d] kt[d] for all rows in registers,
+ * is transposed once (in registers), s_r = sum_d q_r[d] k[d] for all rows,
  * and each V vector meets every row's weight before the next is loaded.
  *
  * Such a step reads every key once and is bound by memory. In BSHD one
@@ -286,10 +286,12 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
 /*
  * All rows of one KV head (2 to DECODE_ROWS of them: grouped-query heads,
  * a few queries) against one block of VL keys: the rows share every read.
- * K's block is transposed once into kt [D][VL] (keys on the lanes), so a
- * row's scores are D multiply-adds of a broadcast q element with a row of
- * kt, the rows side by side in registers; and O += P V runs a V vector
- * against every row's weight before the next. Against a dot-product
+ * K's block is transposed VL head dims at a time in registers (keys on
+ * the lanes), and each transposed vector meets every row's broadcast q
+ * element before the next, the rows' sums side by side in registers (a
+ * transpose stored whole and read back ran 0.81-0.94x slower in f32 on 8
+ * rows, Zen 4); and O += P V runs a V vector against every row's weight
+ * before the next. Against a dot-product
  * transpose per row (decode_block_row) this is one transpose per block
  * instead of one per row, and V is read once instead of once per row.
  * Rows that see only part of the block, or whose masks hide keys, add
@@ -298,9 +300,12 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
 static inline __attribute__((always_inline)) void
 decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
                   const int64_t *limit, const float *q, const void *const *krow,
-                  const void *const *vrow, float *kt, float *o, float *m, float *l, const int kv)
+                  const void *const *vrow, float *o, float *m, float *l, const int kv)
 {
     const int64_t D = jb->c->desc.D, Dp = jb->Dp;
+    vec acc[DECODE_ROWS];
+    for (int r = 0; r < nr; r++)
+        acc[r] = V_ZERO();
     for (int64_t d = 0; d < D; d += VL) {
         vec t[VL];
         const int part = D - d < VL ? (int)(D - d) : VL;
@@ -308,15 +313,8 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
             t[j] = part == VL ? KV_LOAD(krow[j], d, kv) : KV_LOAD_PART(krow[j], d, part, kv);
         V_TRANSPOSE_REGS(t); /* t[i] lane j: element d + i of k_j */
         for (int i = 0; i < part; i++)
-            V_STORE(kt + (d + i) * VL, t[i]);
-    }
-    vec acc[DECODE_ROWS];
-    for (int r = 0; r < nr; r++)
-        acc[r] = V_ZERO();
-    for (int64_t d = 0; d < D; d++) {
-        const vec kd = V_LOAD(kt + d * VL);
-        for (int r = 0; r < nr; r++)
-            acc[r] = V_FMA(V_SET1(q[r * Dp + d]), kd, acc[r]);
+            for (int r = 0; r < nr; r++)
+                acc[r] = V_FMA(V_SET1(q[r * Dp + d + i]), t[i], acc[r]);
     }
     float p[DECODE_ROWS][VL];
     unsigned weighed[DECODE_ROWS];
@@ -358,16 +356,16 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
 /* The rows of KV heads [hk0, hk1) of batch b against keys [k0, kmax), VL
  * at a time, every head's rows of a key block before the next block. kv:
  * what the rows hold (KV_BF16, KV_F16: read in place; KV_F32: f32 rows
- * read in place or rows of any dtype converted into the workspace after kt). */
+ * read in place or rows of any dtype converted into the workspace at kst). */
 static inline __attribute__((always_inline)) void
 decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k0, int64_t kmax,
-            const int64_t *limit, const float *q, float *o, float *m, float *l, float *kt,
+            const int64_t *limit, const float *q, float *o, float *m, float *l, float *kst,
             const int kv)
 {
     const sdpa_call *c = jb->c;
     const int64_t D = c->desc.D, Dp = jb->Dp;
     const int nr = (int)jb->rows;
-    float *kst = kt + VL * Dp, *vst = kst + VL * Dp;
+    float *vst = kst + VL * Dp;
     const void *krow[VL], *vrow[VL];
     for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
         const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
@@ -387,7 +385,7 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
             if (DECODE_SHARED && nr > 1) { /* a constant row count each: sums in registers */
 #define ROWS_CASE(n)                                                                         \
     case n:                                                                                  \
-        decode_block_rows(jb, b, hk, n, j0, limit, q + sl0 * Dp, krow, vrow, kt, o + sl0 * Dp, \
+        decode_block_rows(jb, b, hk, n, j0, limit, q + sl0 * Dp, krow, vrow, o + sl0 * Dp,     \
                           m + sl0, l + sl0, kv);                                             \
         break;
                 switch (nr) {
@@ -429,10 +427,10 @@ static void decode_task(void *arg, int64_t task, int worker)
     sdpa__seq_lens(c, b, &len_q, &len_kv);
     const int64_t k0 = kc * jb->kc_len;
     const int64_t k1 = k0 + jb->kc_len < len_kv ? k0 + jb->kc_len : len_kv;
-    /* the workspace: Q rows, O rows, m, l, K transposed, VL converted K and V rows */
+    /* the workspace: Q rows, O rows, m, l, VL converted K and V rows */
     float *w = jb->ws + jb->ws_floats * (size_t)worker;
     float *q = w, *o = q + DECODE_SLOTS * Dp, *m = o + DECODE_SLOTS * Dp, *l = m + DECODE_SLOTS;
-    float *kt = l + DECODE_SLOTS; /* then VL converted K and V rows (decode_keys) */
+    float *kst = l + DECODE_SLOTS; /* VL converted K and V rows (decode_keys) */
     int64_t limit[DECODE_ROWS]; /* keys row r sees, whatever its head: [0, limit) */
     int64_t kmax = k0;
     for (int r = 0; r < nr; r++) {
@@ -460,11 +458,11 @@ static void decode_task(void *arg, int64_t task, int worker)
     const int in_place = c->k->dtype == c->v->dtype && c->k->stride[3] == 1 &&
                          c->v->stride[3] == 1 && (DECODE_SHARED || nr == 1);
     if (in_place && c->k->dtype == SDPA_BF16)
-        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kt, KV_BF16);
+        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kst, KV_BF16);
     else if (in_place && c->k->dtype == SDPA_F16)
-        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kt, KV_F16);
+        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kst, KV_F16);
     else
-        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kt, KV_F32);
+        decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kst, KV_F32);
     if (jb->n_kc > 1) { /* partial results, merged in decode_merge */
         float *p = jb->part + (size_t)task * (size_t)(DECODE_SLOTS * (Dp + 2));
         for (int sl = 0; sl < slots; sl++) {
@@ -570,7 +568,7 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     const int is_share = sdpa__pool_share_of(c->pool, &share, &shares);
     sdpa_pool *pool = macs < DECODE_INLINE && !is_share ? NULL : c->pool;
     const int threads = sdpa__pool_workers(pool);
-    jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 3 * VL * jb.Dp + 16);
+    jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 2 * VL * jb.Dp + 16);
     const int64_t tasks = pieces * jb.n_kc;
     const size_t part = jb.n_kc > 1 ? (size_t)tasks * (size_t)(DECODE_SLOTS * (jb.Dp + 2)) : 0;
     const size_t bytes = sizeof(float) * (jb.ws_floats * (size_t)threads + part);
