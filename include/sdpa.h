@@ -478,6 +478,9 @@ sdpa_status sdpa_platform_detect(sdpa_platform *out);
  *                                 the same, made by a vendor: intel | amd
  *                                 | other (rules may say `vendor`; a
  *                                 described CPU without it has none)
+ *   "cpu:vendor=amd,family=25,features=avx2+avx512+avx512bf16"
+ *                                 and of a CPUID display family (rules may
+ *                                 say `family`; 25 with AVX-512: Zen 4)
  *   "cuda:sm_100"                 an sm_100 GPU (cuDNN 9.19.0 assumed)
  *   "cuda:sm_90,cudnn=91001"      an sm_90 GPU with cuDNN 9.10.1
  * Unknown words are an INVALID_ARGUMENT error naming them.

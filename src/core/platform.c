@@ -202,6 +202,7 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
     if (strcmp(buf, "cpu") == 0) {
         char *save = NULL;
         const char *vendor = NULL;
+        long family = -1;
         for (char *tok = rest ? strtok_r(rest, ",", &save) : NULL; tok;
              tok = strtok_r(NULL, ",", &save)) {
             if (strncmp(tok, "vendor=", 7) == 0) {
@@ -211,6 +212,15 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
                                       "platform '%s': vendor '%s' unknown, expected intel, amd "
                                       "or other",
                                       spec, vendor);
+            } else if (strncmp(tok, "family=", 7) == 0) {
+                char *end;
+                family = strtol(tok + 7, &end, 10);
+                if (*end || end == tok + 7 || family < 1 || family > 255)
+                    return sdpa__fail(SDPA_INVALID_ARGUMENT,
+                                      "platform '%s': family '%s' is not a CPUID display family "
+                                      "1..255 (e.g. 25: AMD Zen 3 and Zen 4, 26: Zen 5, 6: "
+                                      "Intel cores)",
+                                      spec, tok + 7);
             } else if (strncmp(tok, "isa=", 4) == 0) {
                 const sdpa_isa_level *level = sdpa__isa_level(tok + 4);
                 char names[128];
@@ -243,14 +253,16 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
             } else {
                 return sdpa__fail(SDPA_INVALID_ARGUMENT,
                                   "platform '%s': '%s' unknown, expected isa=LEVEL, "
-                                  "features=NAME+NAME... or vendor=intel|amd|other",
+                                  "features=NAME+NAME..., vendor=intel|amd|other or family=N",
                                   spec, tok);
             }
         }
         if (vendor) {
             sdpa__strlcpy(p.cpu_vendor, vendor, sizeof p.cpu_vendor);
-            p.cpu_family = 0; /* a described vendor: no particular core */
+            p.cpu_family = 0; /* a described vendor: no particular core, unless family= says */
         }
+        if (family > 0)
+            p.cpu_family = (int)family;
     } else if (strcmp(buf, "cuda") == 0) {
         if (!rest)
             return sdpa__fail(SDPA_INVALID_ARGUMENT,
@@ -285,7 +297,7 @@ sdpa_status sdpa_platform_parse(const char *spec, sdpa_platform *out)
         snprintf(p.gpu_name, sizeof p.gpu_name, "simulated sm_%d%d", p.cc_major, p.cc_minor);
     } else {
         return sdpa__fail(SDPA_INVALID_ARGUMENT,
-                          "platform '%s': expected cpu[:isa=LEVEL|features=LIST|vendor=V] or "
+                          "platform '%s': expected cpu[:isa=LEVEL|features=LIST|vendor=V|family=N] or "
                           "cuda:sm_XY[,cudnn=N]",
                           spec);
     }

@@ -205,6 +205,10 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
             sdpa__strlcpy(r->vendor[i], w[i], sizeof r->vendor[i]);
         }
         r->n_vendor = n;
+    } else if (strcmp(key, "family") == 0) {
+        if (n != 1 || !parse_range(w[0], 0, &r->family))
+            return perr(ps, "'%s' is not a family, expected a CPUID display family or range, "
+                            "e.g. 25 (AMD Zen 3 and Zen 4) or 6 (Intel cores)%s", raw, "");
     } else if (strcmp(key, "arch") == 0) {
         if (n > 2)
             return perr(ps, "'%s' lists too many architectures (at most 2)%s", raw, "");
@@ -291,7 +295,7 @@ static sdpa_status set_key(const parser *ps, sdpa_rule *r, const char *key, char
         while (i < 6 && strcmp(dims[i], key))
             i++;
         if (i == 6)
-            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, arch, isa, vendor, dtype, "
+            return perr(ps, "unknown key '%s' (expected device, cc, cudnn, arch, isa, vendor, family, dtype, "
                             "kv_dtype, causal, mask, pass, lse, deterministic, quant, component, B, Sq, "
                             "Skv, Hq, Hkv, D, same_seq, same_heads, try, evidence, class, source "
                             "or claim)%s",
@@ -323,7 +327,7 @@ static void rule_init(sdpa_rule *r, const char *name, const parser *ps)
     r->device = -1;
     r->pass = 1; /* forward only: a rule's evidence measured the forward */
     r->lse = r->deterministic = r->same_seq = r->same_heads = -1;
-    r->cc = r->cudnn = r->B = r->Sq = r->Skv = r->Hq = r->Hkv = r->D = any_range;
+    r->cc = r->cudnn = r->B = r->Sq = r->Skv = r->Hq = r->Hkv = r->D = r->family = any_range;
 }
 
 static sdpa_status rule_finish(const parser *ps, const sdpa_rule *r)
@@ -515,6 +519,9 @@ int sdpa__rule_matches(const sdpa_rule *r, const sdpa_platform *p, const sdpa_ca
         return 0;
     if (r->n_vendor &&
         (d->device != SDPA_DEVICE_CPU || !one_of(r->vendor, r->n_vendor, p->cpu_vendor)))
+        return 0;
+    if (!is_any(r->family) &&
+        (d->device != SDPA_DEVICE_CPU || !p->cpu_family || !in_range(r->family, p->cpu_family)))
         return 0;
     if (!(r->pass & (d->backward ? 2 : 1)))
         return 0;

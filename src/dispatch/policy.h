@@ -26,6 +26,7 @@ typedef struct sdpa_rule {
     unsigned isa;         /* SDPA_CPU_* all required; 0: any */
     int n_vendor;         /* `vendor`: the CPU's maker is one of these; 0: any */
     char vendor[3][16];
+    sdpa_range family;    /* `family`: the CPU's CPUID display family (25: Zen 3/4) */
     int n_arch;           /* `arch`: the CPU's architecture is one of these; 0: any */
     char arch[2][16];
     unsigned dtypes;      /* bit per dtype (q's); 0: any */

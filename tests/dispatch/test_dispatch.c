@@ -135,6 +135,30 @@ static void test_cpu_rules_per_cpu(void)
     decide(ctx, &d);
     FIRST("cpu.amx");
     sdpa_context_destroy(ctx);
+    /* One f32 query per head on a Zen 4 core (family 25 with AVX-512):
+     * cpu.avx2 (cpu-zen4-f32-decode); grouped-query rows, bf16 and a core
+     * of another family keep cpu.avx512 */
+    ctx = tl_context("cpu:vendor=amd,family=25,features=avx2+avx512+avx512bf16");
+    d = cpu_call();
+    d.Sq = 1, d.Skv = 1024, d.Hq = d.Hkv = 32, d.D = 128;
+    decide(ctx, &d);
+    FIRST("cpu.avx2");
+    CHECK(strcmp(dec.rule, "cpu-zen4-f32-decode") == 0, "rule %s", dec.rule);
+    d.Hkv = 4;
+    decide(ctx, &d);
+    FIRST("cpu.avx512");
+    d.Hkv = 32, d.Sq = 16;
+    decide(ctx, &d);
+    FIRST("cpu.avx512");
+    d.Sq = 1, d.dtype = SDPA_BF16;
+    decide(ctx, &d);
+    FIRST("cpu.avx512bf16");
+    sdpa_context_destroy(ctx);
+    ctx = tl_context("cpu:vendor=amd,family=26,features=avx2+avx512+avx512bf16");
+    d.dtype = SDPA_F32;
+    decide(ctx, &d);
+    FIRST("cpu.avx512");
+    sdpa_context_destroy(ctx);
     sdpa_platform p;
     CHECK_STATUS(sdpa_platform_parse("cpu:vendor=via", &p), SDPA_INVALID_ARGUMENT);
     CHECK(strstr(sdpa_last_error(), "via") != NULL && strstr(sdpa_last_error(), "intel"),

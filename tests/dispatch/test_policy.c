@@ -46,6 +46,9 @@ static void test_errors(void)
     expect_error("rule a\ndevice tpu\ntry ref\nevidence x\n", "device 'tpu' unknown");
     expect_error("rule a\nisa sse9\ntry ref\nevidence x\n", "isa 'sse9' unknown");
     expect_error("rule a\npass sideways\ntry ref\nevidence x\n", "pass 'sideways' unknown");
+    expect_error("rule a\nfamily zen\ntry ref\nevidence x\n",
+                 "my.rules:2: 'zen' is not a family, expected a CPUID display family");
+    expect_error("rule a\nfamily 25 26\ntry ref\nevidence x\n", "is not a family");
     expect_error("rule a\nvendor via\ntry ref\nevidence x\n",
                  "my.rules:2: vendor 'via' unknown, expected intel, amd or other");
     expect_error("rule a\nvendor intel amd other intel\ntry ref\nevidence x\n", "too many vendors");
@@ -241,6 +244,42 @@ static void test_vendor_matching(void)
     sdpa__policy_free(pol);
 }
 
+/* `family`: the CPU's CPUID display family; a CPU that does not say one
+ * (described without family=) matches no family rule, nor does a CUDA call. */
+static void test_family_matching(void)
+{
+    sdpa_policy *pol = NULL;
+    CHECK_STATUS(sdpa__policy_parse("rule zen4\nfamily 25\ntry ref\nevidence e\n"
+                                    "rule zen\nfamily 23-26\ntry ref\nevidence e\n",
+                                    "f.rules", known, NULL, &pol),
+                 SDPA_OK);
+    if (!pol)
+        return;
+    static const struct {
+        const char *platform;
+        int dev, want_25, want_range;
+    } cases[] = {{"cpu:vendor=amd,family=25,features=avx2+avx512", SDPA_DEVICE_CPU, 1, 1},
+                 {"cpu:family=26,vendor=amd,features=avx2+avx512", SDPA_DEVICE_CPU, 0, 1},
+                 {"cpu:vendor=intel,family=6,features=avx2", SDPA_DEVICE_CPU, 0, 0},
+                 {"cpu:vendor=amd,features=avx2+avx512", SDPA_DEVICE_CPU, 0, 0},
+                 {"cpu:vendor=amd,family=25,features=avx2", SDPA_DEVICE_CUDA, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sdpa_platform p;
+        CHECK_STATUS(sdpa_platform_parse(cases[i].platform, &p), SDPA_OK);
+        sdpa_call_desc d = call((sdpa_device_kind)cases[i].dev, 1, 64, 64);
+        CHECK(sdpa__rule_matches(&pol->rules[0], &p, &d) == cases[i].want_25 &&
+                  sdpa__rule_matches(&pol->rules[1], &p, &d) == cases[i].want_range,
+              "family rules on %s (%s call)", cases[i].platform,
+              cases[i].dev == SDPA_DEVICE_CPU ? "cpu" : "cuda");
+    }
+    sdpa__policy_free(pol);
+    sdpa_platform p;
+    CHECK_STATUS(sdpa_platform_parse("cpu:vendor=amd,family=zen4", &p), SDPA_INVALID_ARGUMENT);
+    CHECK(strstr(sdpa_last_error(), "zen4") && strstr(sdpa_last_error(), "family"),
+          "the refusal names the family: %s", sdpa_last_error());
+    CHECK_STATUS(sdpa_platform_parse("cpu:family=0", &p), SDPA_INVALID_ARGUMENT);
+}
+
 static void test_user_file(void)
 {
     char path[] = "/tmp/sdpa_policy_XXXXXX";
@@ -319,6 +358,7 @@ int main(void)
     test_errors();
     test_matching();
     test_vendor_matching();
+    test_family_matching();
     test_user_file();
     test_default_rules_parse();
     test_platform_parse();
