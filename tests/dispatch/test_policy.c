@@ -214,65 +214,58 @@ static void test_matching(void)
     sdpa__policy_free(pol);
 }
 
-/* `vendor`: the CPU's maker, never a CUDA call's. */
-static void test_vendor_matching(void)
+/* Two rules parsed from `text`, and on each described platform (a CPU or
+ * a CUDA call) whether each matches: the CPU conditions' cases below. */
+typedef struct match_case {
+    const char *platform;
+    int dev, want0, want1;
+} match_case;
+
+static void check_two_rules(const char *text, const char *what, const match_case *cases,
+                            size_t n)
 {
     sdpa_policy *pol = NULL;
-    CHECK_STATUS(sdpa__policy_parse("rule i\nvendor intel\ntry ref\nevidence e\n"
-                                    "rule ia\nvendor amd intel\ntry ref\nevidence e\n",
-                                    "v.rules", known, NULL, &pol),
-                 SDPA_OK);
+    CHECK_STATUS(sdpa__policy_parse(text, "m.rules", known, NULL, &pol), SDPA_OK);
     if (!pol)
         return;
-    static const struct {
-        const char *platform;
-        int dev, want_i, want_ia;
-    } cases[] = {{"cpu:vendor=intel,features=avx2", SDPA_DEVICE_CPU, 1, 1},
-                 {"cpu:vendor=amd,features=avx2", SDPA_DEVICE_CPU, 0, 1},
-                 {"cpu:vendor=other,features=avx2", SDPA_DEVICE_CPU, 0, 0},
-                 {"cpu:features=avx2", SDPA_DEVICE_CPU, 0, 0},
-                 {"cpu:vendor=intel,features=avx2", SDPA_DEVICE_CUDA, 0, 0}};
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    for (size_t i = 0; i < n; i++) {
         sdpa_platform p;
         CHECK_STATUS(sdpa_platform_parse(cases[i].platform, &p), SDPA_OK);
         sdpa_call_desc d = call((sdpa_device_kind)cases[i].dev, 1, 64, 64);
-        CHECK(sdpa__rule_matches(&pol->rules[0], &p, &d) == cases[i].want_i &&
-                  sdpa__rule_matches(&pol->rules[1], &p, &d) == cases[i].want_ia,
-              "vendor rules on %s (%s call)", cases[i].platform,
+        CHECK(sdpa__rule_matches(&pol->rules[0], &p, &d) == cases[i].want0 &&
+                  sdpa__rule_matches(&pol->rules[1], &p, &d) == cases[i].want1,
+              "%s rules on %s (%s call)", what, cases[i].platform,
               cases[i].dev == SDPA_DEVICE_CPU ? "cpu" : "cuda");
     }
     sdpa__policy_free(pol);
+}
+
+/* `vendor`: the CPU's maker, never a CUDA call's. */
+static void test_vendor_matching(void)
+{
+    static const match_case cases[] = {{"cpu:vendor=intel,features=avx2", SDPA_DEVICE_CPU, 1, 1},
+                                       {"cpu:vendor=amd,features=avx2", SDPA_DEVICE_CPU, 0, 1},
+                                       {"cpu:vendor=other,features=avx2", SDPA_DEVICE_CPU, 0, 0},
+                                       {"cpu:features=avx2", SDPA_DEVICE_CPU, 0, 0},
+                                       {"cpu:vendor=intel,features=avx2", SDPA_DEVICE_CUDA, 0, 0}};
+    check_two_rules("rule i\nvendor intel\ntry ref\nevidence e\n"
+                    "rule ia\nvendor amd intel\ntry ref\nevidence e\n",
+                    "vendor", cases, sizeof cases / sizeof *cases);
 }
 
 /* `family`: the CPU's CPUID display family; a CPU that does not say one
  * (described without family=) matches no family rule, nor does a CUDA call. */
 static void test_family_matching(void)
 {
-    sdpa_policy *pol = NULL;
-    CHECK_STATUS(sdpa__policy_parse("rule zen4\nfamily 25\ntry ref\nevidence e\n"
-                                    "rule zen\nfamily 23-26\ntry ref\nevidence e\n",
-                                    "f.rules", known, NULL, &pol),
-                 SDPA_OK);
-    if (!pol)
-        return;
-    static const struct {
-        const char *platform;
-        int dev, want_25, want_range;
-    } cases[] = {{"cpu:vendor=amd,family=25,features=avx2+avx512", SDPA_DEVICE_CPU, 1, 1},
-                 {"cpu:family=26,vendor=amd,features=avx2+avx512", SDPA_DEVICE_CPU, 0, 1},
-                 {"cpu:vendor=intel,family=6,features=avx2", SDPA_DEVICE_CPU, 0, 0},
-                 {"cpu:vendor=amd,features=avx2+avx512", SDPA_DEVICE_CPU, 0, 0},
-                 {"cpu:vendor=amd,family=25,features=avx2", SDPA_DEVICE_CUDA, 0, 0}};
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        sdpa_platform p;
-        CHECK_STATUS(sdpa_platform_parse(cases[i].platform, &p), SDPA_OK);
-        sdpa_call_desc d = call((sdpa_device_kind)cases[i].dev, 1, 64, 64);
-        CHECK(sdpa__rule_matches(&pol->rules[0], &p, &d) == cases[i].want_25 &&
-                  sdpa__rule_matches(&pol->rules[1], &p, &d) == cases[i].want_range,
-              "family rules on %s (%s call)", cases[i].platform,
-              cases[i].dev == SDPA_DEVICE_CPU ? "cpu" : "cuda");
-    }
-    sdpa__policy_free(pol);
+    static const match_case cases[] = {
+        {"cpu:vendor=amd,family=25,features=avx2+avx512", SDPA_DEVICE_CPU, 1, 1},
+        {"cpu:family=26,vendor=amd,features=avx2+avx512", SDPA_DEVICE_CPU, 0, 1},
+        {"cpu:vendor=intel,family=6,features=avx2", SDPA_DEVICE_CPU, 0, 0},
+        {"cpu:vendor=amd,features=avx2+avx512", SDPA_DEVICE_CPU, 0, 0},
+        {"cpu:vendor=amd,family=25,features=avx2", SDPA_DEVICE_CUDA, 0, 0}};
+    check_two_rules("rule zen4\nfamily 25\ntry ref\nevidence e\n"
+                    "rule zen\nfamily 23-26\ntry ref\nevidence e\n",
+                    "family", cases, sizeof cases / sizeof *cases);
     sdpa_platform p;
     CHECK_STATUS(sdpa_platform_parse("cpu:vendor=amd,family=zen4", &p), SDPA_INVALID_ARGUMENT);
     CHECK(strstr(sdpa_last_error(), "zen4") && strstr(sdpa_last_error(), "family"),
