@@ -193,6 +193,19 @@ int sdpa__pool_threads(const sdpa_pool *pool);
 /* How many workers run at once: the workspaces a kernel allocates (a share
  * pool: 1, worker 0). */
 int sdpa__pool_workers(const sdpa_pool *pool);
+/*
+ * The pool a call of `macs` multiply-adds (both products) runs on: NULL,
+ * the calling thread alone, below SDPA_POOL_INLINE_MACS, where waking the
+ * workers costs more than they save; else `pool`. A share pool is kept
+ * whatever the size: each share must run only its own tasks.
+ * Why 2^19: the few-query path's threshold since it landed (b606191); the
+ * tiled, BLAS and AMX runs took it when Python showed what waking costs
+ * beside torch's own threads: one query x one key x 8 heads (cpu.blas,
+ * 8 head tasks) from 0.55-0.69x torch's call to 1.46-1.56x (Zen 4, 2 vCPU,
+ * bench/results/2026-12-04-python-calls-inline-ab-zen4.txt).
+ */
+#define SDPA_POOL_INLINE_MACS (1 << 19)
+sdpa_pool *sdpa__pool_for_work(sdpa_pool *pool, double macs);
 /* A pool whose regions go to the caller's parallel-for, on `threads` workers. */
 sdpa_status sdpa__pool_create_host(int threads, sdpa_parallel_for_fn fn, void *user,
                                    sdpa_pool **out);

@@ -284,6 +284,11 @@ int sdpa__pool_threads(const sdpa_pool *p) { return p ? p->threads : 1; }
 
 int sdpa__pool_workers(const sdpa_pool *p) { return !p ? 1 : p->shares ? 1 : p->threads; }
 
+sdpa_pool *sdpa__pool_for_work(sdpa_pool *p, double macs)
+{
+    return p && !p->shares && macs < SDPA_POOL_INLINE_MACS ? NULL : p;
+}
+
 void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *arg)
 {
     if (p && p->shares) { /* this thread's share of the tasks, in order */

@@ -48,8 +48,8 @@
  * chunk order afterwards, as flash-decoding does; if there are still few,
  * the groups are cut smaller. The cuts depend on the shape and the strides
  * only, so results are bitwise the same for any thread count. A call whose
- * whole work is below DECODE_INLINE multiply-adds runs on the calling
- * thread alone: waking the pool costs more.
+ * whole work is below SDPA_POOL_INLINE_MACS multiply-adds runs on the
+ * calling thread alone (core.h): waking the pool costs more.
  *
  * Masks as everywhere (sdpa.h): lengths bound the keys and mark padding
  * rows, causal limits each row, a key mask and a general mask hide keys
@@ -62,7 +62,6 @@
 #define DECODE_TASKS 16     /* fewer pieces than this: cut the keys too          */
 #define DECODE_KEYS 256     /* at least this many keys per key chunk             */
 #define DECODE_KEYS_ONE 64  /* the same with one row per KV head (see decode_run) */
-#define DECODE_INLINE (1 << 19) /* multiply-adds below which the pool stays asleep */
 #define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
 /* Rows of one KV head share one pass (decode_block_rows) with 16 lanes;
  * with 8 (AVX2) the row-by-row path was as fast or faster: 1.0-1.3x on
@@ -566,7 +565,7 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
                         (double)d->D;
     int share, shares;
     const int is_share = sdpa__pool_share_of(c->pool, &share, &shares);
-    sdpa_pool *pool = macs < DECODE_INLINE && !is_share ? NULL : c->pool;
+    sdpa_pool *pool = sdpa__pool_for_work(c->pool, macs);
     const int threads = sdpa__pool_workers(pool);
     jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 2 * VL * jb.Dp + 16);
     const int64_t tasks = pieces * jb.n_kc;

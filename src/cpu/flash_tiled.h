@@ -783,8 +783,11 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         return decode_run(self, c);
 #endif
     const sdpa_call_desc *d = &c->desc;
-    const int threads = sdpa__pool_threads(c->pool);  /* the split */
-    const int workers = sdpa__pool_workers(c->pool);  /* the workspaces */
+    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
+    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
+                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    const int threads = sdpa__pool_threads(pool); /* the split */
+    const int workers = sdpa__pool_workers(pool); /* the workspaces */
     const int64_t D = d->D;
     /* windows and block maps: flash_sparse.h, SPARSE_BQ rows resident */
     const int sparse = sparse_applies(c);
@@ -843,12 +846,12 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         sj.n_qblocks = (d->Sq + sj.block_q - 1) / sj.block_q;
         const sdpa_status st = sparse_order(&sj);
         if (st == SDPA_OK)
-            sdpa__parallel_for(c->pool, sj.n_tasks, sparse_task_fn, &sj);
+            sdpa__parallel_for(pool, sj.n_tasks, sparse_task_fn, &sj);
         free(sj.order), free(sj.group);
         sdpa__scratch_release(base);
         return st;
     }
-    sdpa__parallel_for(c->pool, heads * jb.split.tasks_per_head, is_short ? task_short_fn : task_fn,
+    sdpa__parallel_for(pool, heads * jb.split.tasks_per_head, is_short ? task_short_fn : task_fn,
                        &jb);
     sdpa__scratch_release(base);
     return SDPA_OK;

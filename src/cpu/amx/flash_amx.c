@@ -1168,7 +1168,10 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     if (sdpa__cpu_avx512_decode_applies(c)) /* few queries per head: no tiles for one row */
         return sdpa__cpu_avx512_decode_run(self, c);
     const sdpa_call_desc *d = &c->desc;
-    const int threads = sdpa__pool_threads(c->pool);
+    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
+    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
+                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    const int threads = sdpa__pool_threads(pool);
     amx_job jb;
     memset(&jb, 0, sizeof jb);
     jb.c = c;
@@ -1245,8 +1248,8 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
         jb.nslots = kv_rows - jb.bh0 < group ? kv_rows - jb.bh0 : group;
         for (int64_t s = 0; s < jb.nslots; s++)
             slot_keys(c, &jb.slots[s], jb.bh0 + s);
-        sdpa__parallel_for(c->pool, jb.nslots * chunks, pack_task, &jb);
-        sdpa__parallel_for(c->pool, jb.nslots * jb.spaces_per_slot * jb.split.tasks_per_head,
+        sdpa__parallel_for(pool, jb.nslots * chunks, pack_task, &jb);
+        sdpa__parallel_for(pool, jb.nslots * jb.spaces_per_slot * jb.split.tasks_per_head,
                            amx_task, &jb);
     }
     amx_tiles_drop(); /* the calling thread's; the workers' go when they idle */

@@ -214,14 +214,18 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     pthread_once(&load_once, load_openblas);
     if (!sgemm)
         return sdpa__fail(SDPA_NOT_AVAILABLE, "%s", load_error);
-    const int threads = sdpa__pool_workers(c->pool); /* workspaces */
+    const sdpa_call_desc *d = &c->desc;
+    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
+    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
+                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    const int threads = sdpa__pool_workers(pool); /* workspaces */
     blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
                   (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
     j.mem = sdpa__scratch(sizeof(float) * j.per * (size_t)threads); /* kept between calls */
     if (!j.mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.blas: cannot allocate %zu bytes of scores",
                           sizeof(float) * j.per * (size_t)threads);
-    sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq * j.n_blocks, blas_task, &j);
+    sdpa__parallel_for(pool, d->B * d->Hq * j.n_blocks, blas_task, &j);
     sdpa__scratch_release(j.mem);
     return SDPA_OK;
 }
