@@ -144,13 +144,17 @@ static void ref_task(void *arg, int64_t task, int worker)
 static sdpa_status ref_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
-    int threads = sdpa__pool_workers(c->pool); /* workspaces */
-    size_t per = (size_t)(c->desc.Skv + c->desc.D);
+    const sdpa_call_desc *d = &c->desc;
+    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
+    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
+                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    int threads = sdpa__pool_workers(pool); /* workspaces */
+    size_t per = (size_t)(d->Skv + d->D);
     ref_job job = {c, sdpa__malloc(sizeof(double) * per * (size_t)threads)};
     if (!job.work)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "ref: cannot allocate %zu bytes of work space",
                           sizeof(double) * per * (size_t)threads);
-    sdpa__parallel_for(c->pool, c->desc.B * c->desc.Hq, ref_task, &job);
+    sdpa__parallel_for(pool, d->B * d->Hq, ref_task, &job);
     free(job.work);
     return SDPA_OK;
 }

@@ -12,7 +12,8 @@
  * 2. sdpa_context_options.parallel_for: a context whose regions run on
  *    this test's own pool gives bitwise the result of libsdpa's pool of
  *    the same width, for every present CPU backend, and starts no thread
- *    (the process's thread count is read from /proc/self/task).
+ *    (the process's thread count is read from /proc/self/task); a call of
+ *    under 2^19 multiply-adds runs on the calling thread, no region.
  *
  * usage: test_shares [backend ...]   (default: every present CPU backend)
  */
@@ -320,10 +321,12 @@ static void host_threads(const char **backends, int n_backends)
     }
     const int before = process_threads();
     for (int b = 0; b < n_backends; b++) {
-        scase cases[3] = {mk(1, 400, 900, 4, 2, 64), mk(1, 2, 3000, 8, 2, 128),
-                          mk(2, 150, 77, 3, 3, 80)};
+        /* the last: 2^18 multiply-adds, under the 2^19 below which every CPU
+         * kernel runs on the calling thread (core.h: sdpa__pool_for_work) */
+        scase cases[4] = {mk(1, 400, 900, 4, 2, 64), mk(1, 2, 3000, 8, 2, 128),
+                          mk(2, 150, 77, 3, 3, 80), mk(1, 16, 16, 8, 8, 64)};
         cases[0].c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             scase s = cases[i];
             if (strcmp(backends[b], "cpu.avx512bf16") == 0 || strcmp(backends[b], "cpu.amx") == 0)
                 s.c.dtype = SDPA_BF16;
@@ -343,8 +346,14 @@ static void host_threads(const char **backends, int n_backends)
             prm.backend = backends[b], prm.causal = s.c.causal;
             const int regions = atomic_load(&tp.regions);
             CHECK_STATUS(sdpa_forward(host, &p.q, &p.k, &p.v, &h.t, h.lse, &prm), SDPA_OK);
-            CHECK(atomic_load(&tp.regions) > regions || s.c.Sq * s.c.Skv < 20000,
-                  "%s: the call did not use the caller's parallel-for", what);
+            const double macs = 2.0 * (double)(s.c.B * s.c.Hq * s.c.Sq * s.c.Skv * s.c.D);
+            if (macs >= (1 << 19))
+                CHECK(atomic_load(&tp.regions) > regions,
+                      "%s: the call did not use the caller's parallel-for", what);
+            else
+                CHECK(atomic_load(&tp.regions) == regions,
+                      "%s: %.0f multiply-adds woke the caller's parallel-for (under 2^19 the "
+                      "calling thread runs the call alone)", what, macs);
             CHECK(threads_settle(before) == before, "%s: libsdpa started threads (%d, was %d)",
                   what, process_threads(), before);
             CHECK_STATUS(sdpa_forward(own, &p.q, &p.k, &p.v, &a.t, a.lse, &prm), SDPA_OK);
