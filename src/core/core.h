@@ -194,10 +194,11 @@ int sdpa__pool_threads(const sdpa_pool *pool);
  * pool: 1, worker 0). */
 int sdpa__pool_workers(const sdpa_pool *pool);
 /*
- * The pool a call of `macs` multiply-adds (both products) runs on: NULL,
- * the calling thread alone, below SDPA_POOL_INLINE_MACS, where waking the
- * workers costs more than they save; else `pool`. A share pool is kept
- * whatever the size: each share must run only its own tasks.
+ * The pool call c runs on: NULL, the calling thread alone, when its
+ * multiply-adds (both products, 2 B Hq Sq Skv D) are below
+ * SDPA_POOL_INLINE_MACS, where waking the workers costs more than they
+ * save; else c->pool. A share pool is kept whatever the size: each share
+ * must run only its own tasks.
  * Why 2^19: the few-query path's threshold since it landed (b606191); the
  * tiled, BLAS and AMX runs took it when Python showed what waking costs
  * beside torch's own threads: one query x one key x 8 heads (cpu.blas,
@@ -205,7 +206,7 @@ int sdpa__pool_workers(const sdpa_pool *pool);
  * bench/results/2026-12-04-python-calls-inline-ab-zen4.txt).
  */
 #define SDPA_POOL_INLINE_MACS (1 << 19)
-sdpa_pool *sdpa__pool_for_work(sdpa_pool *pool, double macs);
+sdpa_pool *sdpa__pool_for_call(const sdpa_call *c);
 /* A pool whose regions go to the caller's parallel-for, on `threads` workers. */
 sdpa_status sdpa__pool_create_host(int threads, sdpa_parallel_for_fn fn, void *user,
                                    sdpa_pool **out);

@@ -284,9 +284,12 @@ int sdpa__pool_threads(const sdpa_pool *p) { return p ? p->threads : 1; }
 
 int sdpa__pool_workers(const sdpa_pool *p) { return !p ? 1 : p->shares ? 1 : p->threads; }
 
-sdpa_pool *sdpa__pool_for_work(sdpa_pool *p, double macs)
+sdpa_pool *sdpa__pool_for_call(const sdpa_call *c)
 {
-    return p && !p->shares && macs < SDPA_POOL_INLINE_MACS ? NULL : p;
+    const sdpa_call_desc *d = &c->desc;
+    const double macs =
+        2.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D;
+    return c->pool && !c->pool->shares && macs < SDPA_POOL_INLINE_MACS ? NULL : c->pool;
 }
 
 void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *arg)

@@ -49,7 +49,7 @@
  * the groups are cut smaller. The cuts depend on the shape and the strides
  * only, so results are bitwise the same for any thread count. A call whose
  * whole work is below SDPA_POOL_INLINE_MACS multiply-adds runs on the
- * calling thread alone (core.h): waking the pool costs more.
+ * calling thread alone (core.h: sdpa__pool_for_call): waking the pool costs more.
  *
  * Masks as everywhere (sdpa.h): lengths bound the keys and mark padding
  * rows, causal limits each row, a key mask and a general mask hide keys
@@ -560,12 +560,9 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
         jb.n_hg = (d->Hkv + jb.hg_len - 1) / jb.hg_len;
         pieces = d->B * jb.n_hg;
     }
-    /* the calling thread alone for small work: a wake-up costs more */
-    const double macs = 2.0 * (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv *
-                        (double)d->D;
     int share, shares;
     const int is_share = sdpa__pool_share_of(c->pool, &share, &shares);
-    sdpa_pool *pool = sdpa__pool_for_work(c->pool, macs);
+    sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
     const int threads = sdpa__pool_workers(pool);
     jb.ws_floats = (size_t)(2 * DECODE_SLOTS * jb.Dp + 2 * DECODE_SLOTS + 2 * VL * jb.Dp + 16);
     const int64_t tasks = pieces * jb.n_kc;

@@ -783,9 +783,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         return decode_run(self, c);
 #endif
     const sdpa_call_desc *d = &c->desc;
-    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
-    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
-                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
     const int threads = sdpa__pool_threads(pool); /* the split */
     const int workers = sdpa__pool_workers(pool); /* the workspaces */
     const int64_t D = d->D;

@@ -145,9 +145,7 @@ static sdpa_status ref_run(const sdpa_backend *self, const sdpa_call *c)
 {
     (void)self;
     const sdpa_call_desc *d = &c->desc;
-    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
-    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
-                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
     int threads = sdpa__pool_workers(pool); /* workspaces */
     size_t per = (size_t)(d->Skv + d->D);
     ref_job job = {c, sdpa__malloc(sizeof(double) * per * (size_t)threads)};

@@ -322,7 +322,7 @@ static void host_threads(const char **backends, int n_backends)
     const int before = process_threads();
     for (int b = 0; b < n_backends; b++) {
         /* the last: 2^18 multiply-adds, under the 2^19 below which every CPU
-         * kernel runs on the calling thread (core.h: sdpa__pool_for_work) */
+         * kernel runs on the calling thread (core.h: sdpa__pool_for_call) */
         scase cases[4] = {mk(1, 400, 900, 4, 2, 64), mk(1, 2, 3000, 8, 2, 128),
                           mk(2, 150, 77, 3, 3, 80), mk(1, 16, 16, 8, 8, 64)};
         cases[0].c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;

@@ -1168,9 +1168,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     if (sdpa__cpu_avx512_decode_applies(c)) /* few queries per head: no tiles for one row */
         return sdpa__cpu_avx512_decode_run(self, c);
     const sdpa_call_desc *d = &c->desc;
-    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
-    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
-                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
     const int threads = sdpa__pool_threads(pool);
     amx_job jb;
     memset(&jb, 0, sizeof jb);

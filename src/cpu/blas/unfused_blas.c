@@ -215,9 +215,7 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     if (!sgemm)
         return sdpa__fail(SDPA_NOT_AVAILABLE, "%s", load_error);
     const sdpa_call_desc *d = &c->desc;
-    /* a small call on the calling thread alone (core.h: sdpa__pool_for_work) */
-    sdpa_pool *pool = sdpa__pool_for_work(c->pool, 2.0 * (double)d->B * (double)d->Hq *
-                                                       (double)d->Sq * (double)d->Skv * (double)d->D);
+    sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
     const int threads = sdpa__pool_workers(pool); /* workspaces */
     blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
                   (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
