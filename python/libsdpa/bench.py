@@ -193,7 +193,17 @@ def bench_calls(args, n=1000):
             "part: output alloc": lambda: torch.empty_like(q),
             "part: C call (ctypes)": lambda: cfn(handle, rq, rk, rv, ro, None, rp),
         }
-        arms = {a: (lambda f: lambda: [f() for _ in range(n)])(f) for a, f in parts.items()}
+        def repeat(f):
+            # each result dropped before the next call, as a model's layer
+            # drops its attention output: a list keeping all n alive made
+            # every call fault in fresh pages (torch's and libsdpa's alike:
+            # 16 tokens, 32 KB outputs, took 35-40 us a call instead of 14-18)
+            def arm():
+                for _ in range(n):
+                    f()
+            return arm
+
+        arms = {a: repeat(f) for a, f in parts.items()}
         with torch.no_grad():
             med = median_times(arms, args.reps)
         for arm, ms in med.items():
