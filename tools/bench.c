@@ -16,6 +16,12 @@
  * the row's own K and V by as many threads (stream.h) takes a turn in
  * every round, and %bw is that read's median time over each backend's
  * (100% = K and V read once at the speed the machine reads them).
+ *
+ * --cold: before every timed turn (a backend's call, the streaming read)
+ * the run reads COLD_BYTES of its own, on as many threads, so that the
+ * row's K and V come from DRAM, as in a decode step that follows the other
+ * layers' work; without it a row repeated finds its K and V in L2 or L3
+ * when they fit there.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "commands.h"
@@ -34,6 +40,7 @@
 
 #define MAX_BENCH_BACKENDS 16
 #define FEW_ROWS 16 /* query rows per KV head up to which %bw is measured */
+#define COLD_BYTES ((size_t)256 << 20) /* --cold: more than any L3 seen (32-105 MB) */
 
 /* Bytes of a tensor's memory from its first element to its last. */
 static size_t tensor_span(const sdpa_tensor *t)
@@ -132,8 +139,8 @@ int cmd_bench(int argc, char **argv)
     tool_flag f[] = {{"--suite", 1, NULL},   {"--shape", 1, NULL}, {"--backends", 1, NULL},
                      {"--dtype", 1, NULL},   {"--causal", 1, NULL}, {"--reps", 1, NULL},
                      {"--threads", 1, NULL}, {"--json", 0, NULL},   {"--plot", 1, NULL},
-                     {"--sp", 1, NULL},      {"--backward", 0, NULL}};
-    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, PLOT, SP, BACKWARD, NF };
+                     {"--sp", 1, NULL},      {"--backward", 0, NULL}, {"--cold", 0, NULL}};
+    enum { SUITE, SHAPE, BACKENDS, DTYPE, CAUSAL, REPS, THREADS, JSON, PLOT, SP, BACKWARD, COLD, NF };
     int rc = tool_parse_flags(argc, argv, f, NF);
     if (rc)
         return rc;
@@ -165,6 +172,8 @@ int cmd_bench(int argc, char **argv)
     }
     if (f[SP].value && backward)
         return tool_usage_error("--sp times the forward pass only (no --backward)");
+    if (f[SP].value && f[COLD].value)
+        return tool_usage_error("--cold times calls on one process (no --sp)");
     if (f[SP].value) { /* sequence-parallel over the ranks mpirun started */
 #ifdef SDPA_HAVE_MPI
         if (f[BACKENDS].value || f[JSON].value || f[PLOT].value)
@@ -262,6 +271,11 @@ int cmd_bench(int argc, char **argv)
                    "median time of a streaming read of the row's K and V (%d threads, a turn in "
                    "every round) over the backend's\n",
                    FEW_ROWS, sdpa_context_threads(ctx));
+        if (f[COLD].value)
+            printf("# cold: before every timed call and streaming read, %zu MB of other memory "
+                   "are read on %d threads (K and V from DRAM, as in a decode step after other "
+                   "layers)\n",
+                   COLD_BYTES >> 20, sdpa_context_threads(ctx));
         printf("%-20s %2s %6s %6s %3s %3s %4s %-6s  %-14s %10s %10s %10s %9s %6s %10s %7s %5s  %s\n",
                "row", "B", "Sq", "Skv", "Hq", "Hkv", "D", "causal", "backend", "median_ms",
                "min_ms", "max_ms", "GFLOP/s", "%peak", "x portable", "x blas", "%bw", "");
@@ -269,7 +283,22 @@ int cmd_bench(int argc, char **argv)
 
     double *t = malloc(sizeof(double) * (size_t)reps * (2 * MAX_BENCH_BACKENDS + 1));
     double *tdense = t ? t + (size_t)reps * (MAX_BENCH_BACKENDS + 1) : NULL; /* sparse rows */
-    stream_reader *reader = NULL; /* made at the first few-query row */
+    stream_reader *reader = NULL; /* made at the first few-query row, or now for --cold */
+    const int cold = f[COLD].value != NULL;
+    char *cold_mem = NULL;
+    if (cold) {
+        cold_mem = malloc(COLD_BYTES);
+        if (cold_mem)
+            memset(cold_mem, 1, COLD_BYTES); /* its pages exist before any timing */
+        if (!cold_mem || !(reader = stream_reader_make(sdpa_context_threads(ctx)))) {
+            free(cold_mem), free(t);
+            sdpa_context_destroy(ctx);
+            return tool_usage_error("--cold: out of memory for its %zu MB to read",
+                                    COLD_BYTES >> 20);
+        }
+    }
+    const void *cold_bufs[1] = {cold_mem};
+    const size_t cold_bytes[1] = {COLD_BYTES};
     static double plot_gf[MAX_ROWS * MAX_BENCH_BACKENDS];
     if (!t) {
         sdpa_context_destroy(ctx);
@@ -347,6 +376,8 @@ int cmd_bench(int argc, char **argv)
         for (long long rep = 0; rep < reps; rep++)
             for (int j = 0; j < turns; j++) {
                 int b = (int)((j + rep) % turns);
+                if (cold)
+                    stream_read_ms(reader, cold_bufs, cold_bytes, 1);
                 if (few && b == nb) {
                     tbw[rep] = stream_read_ms(reader, kv_mem, kv_bytes, 2);
                     continue;
@@ -459,6 +490,8 @@ int cmd_bench(int argc, char **argv)
                     printf(",\"pct_bandwidth\":%.2f,\"stream_gbps\":%.2f",
                            100.0 * bw_med / med[b],
                            (double)(kv_bytes[0] + kv_bytes[1]) / (bw_med * 1e6));
+                if (cold)
+                    printf(",\"cold\":true");
                 printf(",\"reps\":%lld,\"threads\":%d,\"winner\":%s,\"chosen\":\"%s\"}\n", reps,
                        sdpa_context_threads(ctx), b == winner ? "true" : "false", chosen);
             } else if (refused[b][0]) {
@@ -506,6 +539,7 @@ int cmd_bench(int argc, char **argv)
         problem_free(&pb);
     }
     free(t);
+    free(cold_mem);
     stream_reader_free(reader);
     suite_print_unclaimed(json);
     if (rc == 0 && failed)

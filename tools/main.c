@@ -61,6 +61,8 @@ static const command commands[] = {
      "  --json                          one JSON object per row\n"
      "  --plot FILE.svg                 GFLOP/s per row and backend\n"
      "  --backward                      time the backward pass (sdpa_backward)\n"
+     "  --cold                          K and V from DRAM: 256 MB of other memory read\n"
+     "                                  before every timed call (a decode step's view)\n"
      "  --sp ring|ulysses|usp:UxR       under mpirun: each row sequence-parallel; per rank\n"
      "                                  time, compute, blocked time, bytes and overlap\n"},
     {"check", cmd_check, "numerics of every backend against the float64 reference",

@@ -767,6 +767,18 @@ check(r.returncode == 0 and "%bw" in r.stdout and "K and V 0.7 MB, streamed in" 
       f"bench %bw text: {r.stdout}")
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--json", "--backends", "cpu.portable")
 check(r.returncode == 0 and "pct_bandwidth" not in r.stdout, f"bench no %bw: {r.stdout}")
+# --cold: K and V evicted before every timed turn, said in the header and in each JSON record
+r = sdpa("bench", "--shape", "1,1,700,4,2,64", "--reps", "2", "--backends", "cpu.portable",
+         "--cold")
+check(r.returncode == 0 and "# cold: before every timed call" in r.stdout and "%bw" in r.stdout,
+      f"bench --cold: {r.stdout} {r.stderr}")
+r = sdpa("bench", "--shape", "1,1,700,4,2,64", "--reps", "1", "--backends", "cpu.portable",
+         "--cold", "--json")
+recs = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+check(r.returncode == 0 and recs and all(x.get("cold") is True and x["pct_bandwidth"] > 0
+                                         for x in recs), f"bench --cold --json: {r.stdout}")
+expect_error("bench --cold --sp", ["bench", "--shape", "1,1,700,4,2,64", "--cold", "--sp", "ring"],
+             "--cold")
 r = sdpa("bench", "--shape", "1,64,64,2,2,64", "--reps", "1", "--plot", path("b.svg"))
 check(r.returncode == 0 and os.path.exists(path("b.svg")) and
       open(path("b.svg")).read().startswith("<svg") and "GFLOP/s" in open(path("b.svg")).read(),
