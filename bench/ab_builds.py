@@ -2,7 +2,7 @@
 """Two builds of `sdpa` on the same rows, interleaved, on one machine.
 
 usage: ab_builds.py OLD_SDPA NEW_SDPA [--suite S]... [--dtype D]... [--backends a,b]
-                    [--rounds N] [--reps N]
+                    [--rounds N] [--reps N] [--cold]
 
 Each round runs `sdpa bench --json` of the old build, then of the new one
 (the order alternates every round, so drift of a busy host falls on both),
@@ -10,6 +10,8 @@ for every suite and dtype. Per row and backend it prints the median over
 rounds of each build's median time, the ratio new/old (above 1: the new
 build is slower) and the spread of the per-round ratios (min-max). Used to
 show that a change left the kernels' speed alone ("nothing got slower").
+--cold passes `sdpa bench --cold` to both (K and V from DRAM; both builds
+need the flag).
 """
 import argparse
 import json
@@ -25,13 +27,14 @@ ap.add_argument("--dtype", action="append", default=[])
 ap.add_argument("--backends", default="cpu.avx512,cpu.avx2,cpu.avx512bf16,cpu.amx,cpu.portable")
 ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--reps", type=int, default=5)
+ap.add_argument("--cold", action="store_true")
 a = ap.parse_args()
 suites, dtypes = a.suite or ["smoke"], a.dtype or ["f32", "bf16"]
 
 
 def run(binary, suite, dtype):
     out = subprocess.run([binary, "bench", "--suite", suite, "--dtype", dtype, "--backends",
-                          a.backends, "--reps", str(a.reps), "--json"],
+                          a.backends, "--reps", str(a.reps), "--json"] + (["--cold"] if a.cold else []),
                          capture_output=True, text=True, env={"SDPA_WISDOM": "none"})
     if out.returncode != 0:
         sys.exit(f"{binary} bench --suite {suite} --dtype {dtype}: {out.stderr.strip()}")
@@ -59,7 +62,7 @@ for rnd in range(a.rounds):
                 for k, ms in run(binary, suite, dtype).items():
                     times.setdefault(k, {"old": [], "new": []})[which].append(ms)
 print(f"# ab_builds.py: old {a.old}, new {a.new}; {a.rounds} rounds, the builds alternating, "
-      f"{a.reps} reps each (sdpa bench medians)")
+      f"{a.reps} reps each (sdpa bench medians{', --cold: K and V from DRAM' if a.cold else ''})")
 print(f"# cpu: {cpu}; the ceiling of each backend's unit, measured by each sdpa bench run "
       "(GFLOP/s, lowest-highest): " + ", ".join(f"{b} {min(c):.0f}-{max(c):.0f}"
                                                 for b, c in sorted(ceilings.items())))
