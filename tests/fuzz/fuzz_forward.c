@@ -2,7 +2,8 @@
  * fuzz_forward.c - libFuzzer target: differential fuzzing of sdpa_forward.
  *
  * The input's bytes choose a call: B, Sq, Skv, Hq, Hkv and D (1..40, odd
- * and 1 included), the input dtype and the output's, the layout (BSHD,
+ * and 1 included), the input dtype and the output's, k and v in another
+ * dtype than q (f32 over f16 or bf16 and the reverse), the layout (BSHD,
  * BHSD, a view with gaps, slices of one packed QKV buffer), causal, the
  * scale (default, or negative, zero-crossing and large ones), LSE or not,
  * every mask kind (sequence lengths, a key mask broadcast or not, a boolean
@@ -229,13 +230,18 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     const unsigned scale_kind = take(&in, 4), values = take(&in, 8);
     const int want_lse = take(&in, 2);
     const unsigned lens = take(&in, 4), keyk = take(&in, 3), general = take(&in, 5);
+    /* last, so that the corpus's inputs keep what they meant (a missing
+     * byte reads 0: k and v in q's dtype) */
+    const unsigned mixed = take(&in, 3);
+    const sdpa_dtype kvdt = !mixed ? dt : dt != SDPA_F32 ? SDPA_F32 : mixed == 1 ? SDPA_F16 : SDPA_BF16;
+    const sdpa_dtype dt3[3] = {dt, kvdt, kvdt};
     uint64_t h = 1469598103934665603ull; /* the data: seeded by all the bytes */
     for (size_t i = 0; i < size; i++)
         h = (h ^ data[i]) * 1099511628211ull;
     rng_state = h | 1;
 
     /* Inputs in one buffer each (packed: one buffer for all three). */
-    const int packed = layout == 3 && Sq == Skv && Hq == Hkv;
+    const int packed = layout == 3 && Sq == Skv && Hq == Hkv && kvdt == dt;
     const size_t es = sdpa_dtype_size(dt);
     sdpa_tensor t[3];
     void *mem[3] = {NULL, NULL, NULL};
@@ -249,9 +255,10 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     } else {
         for (int i = 0; i < 3; i++) {
             const int64_t gap = layout == 2 ? 3 : 0; /* elements between rows */
-            mem[i] = malloc((size_t)(B * S3[i] * (H3[i] * D + gap)) * es + es);
-            t[i] = layout == 1 ? sdpa_tensor_bhsd(mem[i], dt, B, S3[i], H3[i], D)
-                               : sdpa_tensor_bshd(mem[i], dt, B, S3[i], H3[i], D);
+            const size_t esi = sdpa_dtype_size(dt3[i]);
+            mem[i] = malloc((size_t)(B * S3[i] * (H3[i] * D + gap)) * esi + esi);
+            t[i] = layout == 1 ? sdpa_tensor_bhsd(mem[i], dt3[i], B, S3[i], H3[i], D)
+                               : sdpa_tensor_bshd(mem[i], dt3[i], B, S3[i], H3[i], D);
             if (layout == 2)
                 t[i].stride[1] = H3[i] * D + gap, t[i].stride[0] = S3[i] * (H3[i] * D + gap);
         }
@@ -264,17 +271,17 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                 for (int64_t hh = 0; hh < H3[i]; hh++)
                     for (int64_t d = 0; d < D; d++) {
                         double x = rnd() * (i == 0 ? mag : 1.0); /* as the grid: q x 8 */
-                        if (i == 2 && values == 6) /* huge v, within the dtype's range */
-                            x *= dt == SDPA_F16 ? 6e4 : 1e30;
+                        if (i == 2 && values == 6) /* huge v, within v's and out's range */
+                            x *= kvdt == SDPA_F16 || odt == SDPA_F16 ? 6e4 : 1e30;
                         if (i == 0 && values == 7 && d % 2) /* denormal q */
                             x *= dt == SDPA_F16 ? 1e-6 : 1e-40;
-                        store(t[i].data, dt, at(&t[i], b, s, hh, d), x);
+                        store(t[i].data, dt3[i], at(&t[i], b, s, hh, d), x);
                     }
     if (values >= 2 && values <= 5) { /* one non-finite element */
         const int which = values == 2 ? 0 : values == 3 ? 1 : 2;
         const int64_t s = (int64_t)((rnd() + 1) / 2 * (double)S3[which]) % S3[which];
         const double x = values == 5 ? INFINITY : NAN;
-        store(t[which].data, dt, at(&t[which], 0, s, 0, 0), x);
+        store(t[which].data, dt3[which], at(&t[which], 0, s, 0, 0), x);
         if (which < 2)
             nonfinite_qk = 1;
         else
@@ -378,8 +385,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (m.seq_len_q || m.seq_len_kv || m.key || m.general || m.window || m.blocks)
         p.mask = &m;
     if (getenv("FUZZ_DEBUG"))
-        fprintf(stderr, "B %lld Sq %lld Skv %lld Hq %lld Hkv %lld D %lld dt %d causal %d lens %d key %d gen %d values %d scale %g window %s %lld %lld map %s bad %d\n",
-                (long long)B, (long long)Sq, (long long)Skv, (long long)Hq, (long long)Hkv, (long long)D, (int)dt, (int)causal, lens, keyk, general, values, p.scale,
+        fprintf(stderr, "B %lld Sq %lld Skv %lld Hq %lld Hkv %lld D %lld dt %d kv %d causal %d lens %d key %d gen %d values %d scale %g window %s %lld %lld map %s bad %d\n",
+                (long long)B, (long long)Sq, (long long)Skv, (long long)Hq, (long long)Hkv, (long long)D, (int)dt, (int)kvdt, (int)causal, lens, keyk, general, values, p.scale,
                 m.window ? "yes" : "no", (long long)win.left, (long long)win.right, m.blocks ? "yes" : "no", bad_map);
     if (bad_map) {
         const size_t bytes = (size_t)(B * Sq * Hq * D) * sdpa_dtype_size(odt) + TL_GUARD;
@@ -417,7 +424,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
      * inputs as it rounds them, as the test grid holds it. */
     float *want_r = NULL, *ref_lse_r = NULL;
     sdpa_tensor tw_r = tw;
-    if (dt == SDPA_F16) {
+    if (dt == SDPA_F16 || kvdt != dt) { /* mixed: f32 operands are rounded to bf16 too */
         void *rmem[3] = {NULL, NULL, NULL};
         sdpa_tensor tr[3];
         for (int i = 0; i < 3; i++) {
@@ -433,8 +440,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                         (size_t)t[i].stride[k];
             if (packed)
                 span += (size_t)(2 * Hq * D);
-            rmem[i] = malloc(span * es);
-            memcpy(rmem[i], packed ? mem[0] : mem[i], span * es);
+            const size_t esi = sdpa_dtype_size(dt3[i]);
+            rmem[i] = malloc(span * esi);
+            memcpy(rmem[i], packed ? mem[0] : mem[i], span * esi);
             tr[i].data = (char *)rmem[i] + ((char *)t[i].data - (char *)(packed ? mem[0] : mem[i]));
         }
         for (int i = 0; i < 3; i++)
@@ -446,7 +454,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                             uint16_t bf;
                             sdpa_convert(&x, SDPA_F32, &bf, SDPA_BF16, 1);
                             sdpa_convert(&bf, SDPA_BF16, &x, SDPA_F32, 1);
-                            store(tr[i].data, dt, at(&tr[i], b, s2, hh, d), x);
+                            store(tr[i].data, dt3[i], at(&tr[i], b, s2, hh, d), x);
                         }
         want_r = malloc(on * sizeof(float)), ref_lse_r = malloc(lse_n * sizeof(float));
         tw_r = sdpa_tensor_bshd(want_r, SDPA_F32, B, Sq, Hq, D);
@@ -468,7 +476,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     sdpa_call_desc desc = {.size = sizeof(sdpa_call_desc),
 
                            .device = SDPA_DEVICE_CPU, .dtype = dt, .B = B, .Sq = Sq, .Skv = Skv,
-                           .Hq = Hq, .Hkv = Hkv, .D = D, .causal = causal, .want_lse = want_lse};
+                           .Hq = Hq, .Hkv = Hkv, .D = D, .causal = causal, .want_lse = want_lse,
+                           .kv_dtype = kvdt != dt ? SDPA_KV_DTYPE(kvdt) : 0};
     desc.mask = (m.seq_len_q || m.seq_len_kv ? SDPA_MASK_KIND_SEQ_LEN : 0) |
                 (m.key ? SDPA_MASK_KIND_KEY : 0) | (m.general ? SDPA_MASK_KIND_GENERAL : 0) |
                 (m.window ? SDPA_MASK_KIND_WINDOW : 0) | (m.blocks ? SDPA_MASK_KIND_BLOCKS : 0);
@@ -502,7 +511,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         for (size_t i = lse_n * 4; i < lse_n * 4 + TL_GUARD; i++)
             if (lse[i] != 0x5A)
                 fail_here("the guard bytes after the LSE were written", names[n], "");
-        const double tol = (tl_tolerance(dt, odt) + tl_product_tolerance(bits[n])) * vmax;
+        const double tol = (fmax(tl_tolerance(dt, odt), tl_tolerance(kvdt, odt)) +
+                            tl_product_tolerance(bits[n])) *
+                           vmax;
         /* held to ref on bf16-rounded f16, or, where the backend did not
          * round (few-query calls on fp32 products: flash_decode.h), on the
          * inputs as they are: whichever it is closer to */
