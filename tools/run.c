@@ -254,10 +254,11 @@ int cmd_run(int argc, char **argv)
                          mk, lens, &key_bytes, &mask)) != 0)
         goto done;
     if (f[SPARSE].value) { /* a window or a block map (sparse_spec.h) on top */
-        sdpa_call_desc sd = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, dtype, a[0].shape[0], a[0].shape[1], a[1].shape[1],
-                             a[0].shape[2], a[1].shape[2], a[0].shape[3], p.causal, 0, 0,
-                             NULL, NULL, NULL, 0, 0,
-                             kv_dtype != dtype ? SDPA_KV_DTYPE(kv_dtype) : 0, 0};
+        sdpa_call_desc sd = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                             .dtype = dtype, .B = a[0].shape[0], .Sq = a[0].shape[1],
+                             .Skv = a[1].shape[1], .Hq = a[0].shape[2], .Hkv = a[1].shape[2],
+                             .D = a[0].shape[3], .causal = p.causal,
+                             .kv_dtype = kv_dtype != dtype ? SDPA_KV_DTYPE(kv_dtype) : 0};
         char why[256];
         if (sparse_spec_build(f[SPARSE].value, &sd, &sparse, why, sizeof why) != 0) {
             rc = tool_usage_error("--sparse %s", why);

@@ -32,8 +32,9 @@ static const char *amx_state(const sdpa_platform *p)
 static void probe_decision(sdpa_context *ctx, const char **backend, const char **source,
                            char *rule, size_t n, sdpa_decision *dec)
 {
-    sdpa_call_desc probe = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128,
-                            SDPA_CAUSAL_NONE, 0, 0, NULL, NULL, NULL, 0, 0, 0, 0};
+    sdpa_call_desc probe = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                            .dtype = SDPA_F32, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 8, .Hkv = 8,
+                            .D = 128};
     *backend = NULL, *source = "", rule[0] = '\0';
     if (dec && sdpa_decide(ctx, &probe, dec) == SDPA_OK && dec->n_candidates > 0) {
         *backend = dec->candidates[0];

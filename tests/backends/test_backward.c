@@ -194,9 +194,11 @@ static unsigned mask_kinds(unsigned m)
 static int claims(const char *backend, const bcase *bc, char *why, size_t n)
 {
     const tl_case *c = &bc->c;
-    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                        c->causal, 1, 0, backend, NULL, NULL, mask_kinds(bc->masks), 1,
-                        tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0, 0};
+    sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                        .dtype = c->dtype, .B = c->B, .Sq = c->Sq, .Skv = c->Skv, .Hq = c->Hq,
+                        .Hkv = c->Hkv, .D = c->D, .causal = c->causal, .want_lse = 1,
+                        .backend = backend, .mask = mask_kinds(bc->masks), .backward = 1,
+                        .kv_dtype = tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0};
     return tl_claims(ctx2, &d, why, n);
 }
 
@@ -565,8 +567,9 @@ static void api(void)
         if (sdpa_backend_get(ctx2, i, &bi) == SDPA_OK && ran && strcmp(bi.name, ran) == 0)
             CHECK(bi.backward, "the dispatcher ran %s, which has no backward pass", ran);
     /* explain says it is a backward call and why the others are passed over */
-    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 1024, 1024, 8, 8, 128, SDPA_CAUSAL_NONE,
-                        1, 0, NULL, NULL, NULL, 0, 1, 0, 0};
+    sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                        .dtype = SDPA_F32, .B = 1, .Sq = 1024, .Skv = 1024, .Hq = 8, .Hkv = 8,
+                        .D = 128, .want_lse = 1, .backward = 1};
     char *text = NULL;
     CHECK_STATUS(sdpa_explain(ctx2, &d, 0, &text), SDPA_OK);
     CHECK(text && strstr(text, "call        backward cpu f32"), "explain: %s", text ? text : "");

@@ -61,9 +61,11 @@ static sdpa_backend_info info(const char *backend)
  * why, in why[]. A claimed case must run: refusing it is a failure. */
 static int claims(const char *backend, const tl_case *c, char *why, size_t n)
 {
-    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                        c->causal, c->want_lse, 0, backend, NULL, NULL, 0, 0,
-                        tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0, 0};
+    sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                        .dtype = c->dtype, .B = c->B, .Sq = c->Sq, .Skv = c->Skv, .Hq = c->Hq,
+                        .Hkv = c->Hkv, .D = c->D, .causal = c->causal, .want_lse = c->want_lse,
+                        .backend = backend,
+                        .kv_dtype = tl_kv_dtype(c) != c->dtype ? c->kv_dtype : 0};
     return tl_claims(ctx2, &d, why, n);
 }
 

@@ -261,8 +261,10 @@ static void one_case(const tl_case *c, unsigned kinds, char (*backends)[32], int
     free(o), free(l);
     /* every other backend: the same answer, or a refusal naming the mask */
     for (int bi = 0; bi < nb; bi++) {
-        sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                            c->causal, 1, 0, backends[bi], NULL, NULL, kinds, 0, 0, 0};
+        sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                            .dtype = c->dtype, .B = c->B, .Sq = c->Sq, .Skv = c->Skv, .Hq = c->Hq,
+                            .Hkv = c->Hkv, .D = c->D, .causal = c->causal, .want_lse = 1,
+                            .backend = backends[bi], .mask = kinds};
         sdpa_decision dec;
         CHECK_STATUS(sdpa_decide(ctx, &d, &dec), SDPA_OK);
         if (dec.n_candidates == 0) {
@@ -352,8 +354,9 @@ static void bad_input(void)
  * explain names why a backend is passed over. */
 static void dispatch(void)
 {
-    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 64, 64, 2, 2, 64, SDPA_CAUSAL_NONE, 0, 0,
-                        NULL, NULL, NULL, SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY, 0, 0, 0};
+    sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                        .dtype = SDPA_F32, .B = 1, .Sq = 64, .Skv = 64, .Hq = 2, .Hkv = 2, .D = 64,
+                        .mask = SDPA_MASK_KIND_SEQ_LEN | SDPA_MASK_KIND_KEY};
     sdpa_context *c2 = tl_context("cpu:isa=portable");
     CHECK_STATUS(sdpa_context_load_policy_text(c2,
                                                "rule keys\nmask key\ntry ref\nevidence t\n"

@@ -234,8 +234,10 @@ static void one_case(const tl_case *c, const sdpa_block_map *m, const sdpa_windo
         for (int i = 0; i < sdpa_backend_count(ctx); i++)
             if (sdpa_backend_get(ctx, i, &info) == SDPA_OK && strcmp(info.name, backends[bi]) == 0)
                 break;
-        sdpa_call_desc dd = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, c->dtype, c->B, c->Sq, c->Skv, c->Hq, c->Hkv, c->D,
-                             c->causal, 1, 0, backends[bi], NULL, NULL, 0, 0, 0, 0};
+        sdpa_call_desc dd = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                             .dtype = c->dtype, .B = c->B, .Sq = c->Sq, .Skv = c->Skv, .Hq = c->Hq,
+                             .Hkv = c->Hkv, .D = c->D, .causal = c->causal, .want_lse = 1,
+                             .backend = backends[bi]};
         dd.mask = (x->lens ? SDPA_MASK_KIND_SEQ_LEN : 0) | (x->key ? SDPA_MASK_KIND_KEY : 0) |
                   (m ? SDPA_MASK_KIND_BLOCKS : 0) | (w ? SDPA_MASK_KIND_WINDOW : 0);
         char why[200];
@@ -679,8 +681,9 @@ static void slices(void)
 /* Explain and rules know the kinds. */
 static void dispatch(void)
 {
-    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_F32, 1, 4096, 4096, 2, 2, 64, SDPA_CAUSAL_NONE, 0,
-                        0, NULL, NULL, NULL, SDPA_MASK_KIND_BLOCKS, 0, 0, 0};
+    sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                        .dtype = SDPA_F32, .B = 1, .Sq = 4096, .Skv = 4096, .Hq = 2, .Hkv = 2,
+                        .D = 64, .mask = SDPA_MASK_KIND_BLOCKS};
     char *text;
     CHECK_STATUS(sdpa_explain(ctx, &d, 1, &text), SDPA_OK);
     CHECK(strstr(text, "\"mask\":\"blocks\"") != NULL, "explain JSON names the map: %s", text);

@@ -254,8 +254,9 @@ static int backward_faults(const char *backend)
 
 static sdpa_status explain(void *arg)
 {
-    sdpa_call_desc d = {sizeof(sdpa_call_desc), SDPA_DEVICE_CPU, SDPA_BF16, 1, 100, 77, 4, 2, 64, SDPA_CAUSAL_NONE,
-                        1, 0, NULL, NULL, NULL, 0, 0, 0, 0};
+    sdpa_call_desc d = {.size = sizeof(sdpa_call_desc), .device = SDPA_DEVICE_CPU,
+                        .dtype = SDPA_BF16, .B = 1, .Sq = 100, .Skv = 77, .Hq = 4, .Hkv = 2,
+                        .D = 64, .want_lse = 1};
     char *text = NULL;
     sdpa_status st = sdpa_explain(arg, &d, 1, &text);
     CHECK((st == SDPA_OK) == (text != NULL), "explain text with status %s",
