@@ -27,6 +27,10 @@
  *     allows 0 * NaN on rows that do not see the key);
  *   - guard bytes after the output and the LSE, and the gaps of a strided
  *     output, are untouched;
+ *   - sdpa_forward_share, shares 0 and 1 of 2 run one after the other (a
+ *     share waits on no other): bitwise the call on this 2-thread context,
+ *     or, where the backend takes no shares, refused as sdpa_decide says
+ *     (desc.shares = 2) with nothing written;
  *   - where the values are finite, the backward pass of the same call
  *     (sdpa_backward from ref's out and LSE, a random dout) on every
  *     backend with one, against ref's gradients relative to their
@@ -85,6 +89,7 @@ static double rnd(void) /* [-1, 1) */
 static sdpa_context *ctx;
 static const char *names[SDPA_MAX_BACKENDS];
 static int bits[SDPA_MAX_BACKENDS];
+static int takes_shares[SDPA_MAX_BACKENDS]; /* sdpa_backend_info.shares */
 static int n_names;
 
 static void fail_here(const char *what, const char *backend, const char *detail)
@@ -217,7 +222,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
             sdpa_backend_info b;
             sdpa_backend_get(ctx, i, &b);
             if (b.present && b.device == SDPA_DEVICE_CPU && strcmp(b.name, "ref") != 0)
-                bits[n_names] = b.product_bits, names[n_names++] = b.name;
+                bits[n_names] = b.product_bits, takes_shares[n_names] = b.shares,
+                names[n_names++] = b.name;
         }
     }
     bytes in = {data, size};
@@ -511,6 +517,34 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         for (size_t i = lse_n * 4; i < lse_n * 4 + TL_GUARD; i++)
             if (lse[i] != 0x5A)
                 fail_here("the guard bytes after the LSE were written", names[n], "");
+        { /* the same call in two shares */
+            sdpa_call_desc ds = desc;
+            ds.shares = 2;
+            const int share_accepts = sdpa_decide(ctx, &ds, &dec) == SDPA_OK && dec.status == SDPA_OK;
+            if (share_accepts != takes_shares[n])
+                fail_here("sdpa_decide on a share disagrees with the backend's shares flag",
+                          names[n], dec.error);
+            unsigned char *o2 = malloc(out_bytes + TL_GUARD), *l2 = malloc(lse_n * 4 + TL_GUARD);
+            memset(o2, 0xA5, out_bytes + TL_GUARD);
+            memset(l2, 0x5A, lse_n * 4 + TL_GUARD);
+            sdpa_tensor t2 = to;
+            t2.data = o2;
+            for (int sh = 0; sh < 2; sh++) {
+                const sdpa_status s2 = sdpa_forward_share(ctx, sh, 2, &t[0], &t[1], &t[2], &t2,
+                                                          want_lse ? (float *)l2 : NULL, &p);
+                if (s2 != (share_accepts ? SDPA_OK : SDPA_UNSUPPORTED))
+                    fail_here(share_accepts ? "a share failed" : "a refused share did not say "
+                                                                 "UNSUPPORTED",
+                              names[n], sdpa_last_error());
+            }
+            if (share_accepts ? memcmp(o2, out, out_bytes + TL_GUARD) != 0 ||
+                                    memcmp(l2, lse, lse_n * 4 + TL_GUARD) != 0
+                              : o2[0] != 0xA5 || memcmp(o2, o2 + 1, out_bytes + TL_GUARD - 1) != 0)
+                fail_here(share_accepts ? "two shares differ from the 2-thread call"
+                                        : "a refused share wrote its output",
+                          names[n], "");
+            free(o2), free(l2);
+        }
         const double tol = (fmax(tl_tolerance(dt, odt), tl_tolerance(kvdt, odt)) +
                             tl_product_tolerance(bits[n])) *
                            vmax;
