@@ -217,8 +217,8 @@ static sdpa_status blas_run(const sdpa_backend *self, const sdpa_call *c)
     const sdpa_call_desc *d = &c->desc;
     sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
     const int threads = sdpa__pool_workers(pool); /* workspaces */
-    blas_job j = {c, pick_softmax(c->cpu_features), (c->desc.Sq + BR - 1) / BR, NULL,
-                  (size_t)BR * (size_t)c->desc.Skv + (size_t)BR * (size_t)c->desc.D};
+    blas_job j = {c, pick_softmax(c->cpu_features), (d->Sq + BR - 1) / BR, NULL,
+                  (size_t)BR * (size_t)d->Skv + (size_t)BR * (size_t)d->D};
     j.mem = sdpa__scratch(sizeof(float) * j.per * (size_t)threads); /* kept between calls */
     if (!j.mem)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "cpu.blas: cannot allocate %zu bytes of scores",
