@@ -283,6 +283,10 @@ int cmd_bench(int argc, char **argv)
 
     double *t = malloc(sizeof(double) * (size_t)reps * (2 * MAX_BENCH_BACKENDS + 1));
     double *tdense = t ? t + (size_t)reps * (MAX_BENCH_BACKENDS + 1) : NULL; /* sparse rows */
+    if (!t) {
+        sdpa_context_destroy(ctx);
+        return tool_usage_error("out of memory");
+    }
     stream_reader *reader = NULL; /* made at the first few-query row, or now for --cold */
     const int cold = f[COLD].value != NULL;
     char *cold_mem = NULL;
@@ -300,10 +304,6 @@ int cmd_bench(int argc, char **argv)
     const void *cold_bufs[1] = {cold_mem};
     const size_t cold_bytes[1] = {COLD_BYTES};
     static double plot_gf[MAX_ROWS * MAX_BENCH_BACKENDS];
-    if (!t) {
-        sdpa_context_destroy(ctx);
-        return tool_usage_error("out of memory");
-    }
     rc = 0;
     int failed = 0;
     for (int r = 0; r < n_rows && rc == 0; r++) {
