@@ -3,7 +3,7 @@ interleaved, on a shape suite (bench/peers/run.sh builds and runs it).
 
     python bench/peers/peers.py --lib build/libsdpa_peers.so
         [--suite bench/shapes/diffusion-cpu.tsv] [--dtype f32|bf16]
-        [--reps 7] [--max-gflop 6] [--threads N]
+        [--reps 7] [--max-gflop 6] [--threads N] [--backward] [--cold]
 
 Contenders, on the same BSHD tensors:
   libsdpa       the dispatcher's choice, and each present libsdpa CPU backend
@@ -38,6 +38,11 @@ calls), timed as torch.autograd.grad of the saved graph. GFLOP/s then
 counts the backward's five products, 10 B Hq Sq Skv D; dq is checked
 against torch's float64 backward on the first query head (dk and dv too
 where every query head has its own KV head).
+
+--cold times one call per timing, each after 256 MB of other memory are
+read on the calling thread (numpy, so that no torch worker is left
+spinning), so K and V come from DRAM, as in a decode step that follows
+other layers (sdpa bench --cold does the same on the context's threads).
 
 OpenMP: the OpenBLAS and oneDNN peers and torch each run OpenMP thread
 teams; GOMP_SPINCOUNT is set (unless given) so that their idle threads
@@ -258,6 +263,9 @@ def main(argv=None):
                    help="exit 1 if any contender's output is wrong (CI's smoke run)")
     p.add_argument("--backward", action="store_true",
                    help="time the backward pass: libsdpa's against torch's")
+    p.add_argument("--cold", action="store_true",
+                   help="K and V from DRAM: 256 MB of other memory read before every timed "
+                        "call (one call per timing), as in a decode step after other layers")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     peers = Peers(a.lib)
@@ -282,7 +290,8 @@ def main(argv=None):
                       else "fp32")
     ceilings = {"fp32": ceil, "avx512bf16": bf16_ceil, "amx-bf16": amx_ceil}
     print(f"# bench/peers/peers.py --suite {pathlib.Path(a.suite).name} --dtype {a.dtype} "
-          f"--reps {a.reps} --max-gflop {a.max_gflop:g}{' --backward' if a.backward else ''}, "
+          f"--reps {a.reps} --max-gflop {a.max_gflop:g}{' --backward' if a.backward else ''}"
+          f"{' --cold' if a.cold else ''}, "
           f"{datetime.date.today()}")
     print(f"# CPU {cpu_model()} ({info['cpu']['model']}), {T} threads; libsdpa {info['version']}, "
           f"torch {torch.__version__}, oneDNN {L.peers_dnnl_version().decode()}, "
@@ -296,6 +305,14 @@ def main(argv=None):
               peer_bf16_unit] + ", of the rest fp32 FMA")
     print("# heads cut to keep a call <= %g GFLOP (Hq/Hkv kept); padded rows run unpadded; "
           "torch timed from Python, the rest in C" % a.max_gflop)
+    flush = None
+    if a.cold:
+        # read by numpy on this thread: torch's reduction would leave its
+        # OpenMP workers spinning into the next contender's call
+        import numpy as np
+        flush = np.ones((256 << 20) // 8)
+        print("# cold: before every timed call (one call per timing) 256 MB of other memory are "
+              "read on the calling thread, so K and V come from DRAM")
     if a.backward:
         print("# backward pass: dq, dk, dv from dout, out and the LSE; GFLOP/s = 10 B Hq Sq "
               "Skv D / time (five products); torch: torch.autograd.grad of its SDPA")
@@ -323,11 +340,13 @@ def main(argv=None):
                                              r, Hq)
         names = list(arms)
         one = {n: max(arms[n](1), 1e-6) for n in arms}
-        calls = {n: max(1, min(1000, int(0.02 / one[n]))) for n in arms}
+        calls = {n: 1 if a.cold else max(1, min(1000, int(0.02 / one[n]))) for n in arms}
         t = {n: [] for n in arms}
         for rep in range(a.reps):
             for i in range(len(names)):
                 n = names[(i + rep) % len(names)]
+                if flush is not None:
+                    flush.sum()
                 t[n].append(arms[n](calls[n]) * 1e3)
         flops = (10.0 if a.backward else 4.0) * B * Hq * Sq * Skv * D
         med = {n: statistics.median(v) for n, v in t.items()}
