@@ -784,7 +784,10 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
 #endif
     const sdpa_call_desc *d = &c->desc;
     sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
-    const int threads = sdpa__pool_threads(pool); /* the split */
+    /* the split as for the context's threads, whoever runs the tasks: a
+     * share of the call then computes exactly its tasks of the n-thread
+     * call (non-finite inputs meet masks task by task: 0 * NaN) */
+    const int threads = sdpa__pool_threads(c->pool);
     const int workers = sdpa__pool_workers(pool); /* the workspaces */
     const int64_t D = d->D;
     /* windows and block maps: flash_sparse.h, SPARSE_BQ rows resident */

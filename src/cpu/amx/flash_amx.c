@@ -1169,7 +1169,7 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
         return sdpa__cpu_avx512_decode_run(self, c);
     const sdpa_call_desc *d = &c->desc;
     sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
-    const int threads = sdpa__pool_threads(pool);
+    const int threads = sdpa__pool_threads(c->pool); /* the split: as flash_tiled.h's */
     amx_job jb;
     memset(&jb, 0, sizeof jb);
     jb.c = c;
