@@ -282,6 +282,21 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
     decode_pv_row(jb, o, p, weighed, seen, vrow, kv);
 }
 
+/* Step st of ns of a block's products asks for the rows in `pf` (VL rows
+ * of `bytes` each, NULL: none) a share at a time, whole rows in memory
+ * order, so that a block's rows have all been asked for when its last
+ * step ends. */
+static inline __attribute__((always_inline)) void decode_prefetch(const char *const *pf,
+                                                                  int64_t st, int64_t ns,
+                                                                  int64_t bytes)
+{
+    if (!pf)
+        return;
+    for (int64_t j = st * VL / ns; j < (st + 1) * VL / ns; j++)
+        for (int64_t x = 0; x < bytes; x += 64)
+            __builtin_prefetch(pf[j] + x, 0, 3);
+}
+
 /*
  * All rows of one KV head (2 to DECODE_ROWS of them: grouped-query heads,
  * a few queries) against one block of VL keys: the rows share every read.
@@ -295,25 +310,52 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
  * instead of one per row, and V is read once instead of once per row.
  * Rows that see only part of the block, or whose masks hide keys, add
  * their P V alone (decode_pv_row: hidden keys never meet V).
+ *
+ * Half a block ahead, the rows are asked for (pf): while S runs, this
+ * block's V rows; while P V runs, the K rows of the head block read next
+ * (kpf). The block reads its 16 rows 64 bytes of each at a time, an order
+ * in which a thread read DRAM at half the speed of reading row after row
+ * and where the hardware prefetchers lag. Asked for row after row, half
+ * a block (0.5-1 us of products) ahead, into L1, K and V from DRAM
+ * (sdpa bench --cold) ran grouped-query and MQA one-query steps in
+ * 0.70-0.87x the time in f32 and 0.54-0.83x in bf16 on Zen 4, and rows
+ * already in L2/L3 0.64-1.06x (bench/results/2026-12-04-decode-prefetch-
+ * ab-zen4.txt). Tried there and slower: this block's rows at its start,
+ * 16 rows' lines a step in the order of the loads, into L2 (T1), one or
+ * two head blocks ahead.
  */
 static inline __attribute__((always_inline)) void
 decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
                   const int64_t *limit, const float *q, const void *const *krow,
-                  const void *const *vrow, float *o, float *m, float *l, const int kv)
+                  const void *const *vrow, const char *const *vpf, const char *const *kpf,
+                  float *o, float *m, float *l, const int kv)
 {
-    const int64_t D = jb->c->desc.D, Dp = jb->Dp;
+    const int64_t D = jb->c->desc.D, Dp = jb->Dp, steps = (D + VL - 1) / VL;
+    /* in place: 2-byte rows; f32 rows, or rows converted from another dtype (then
+     * asking for more than the row costs a few prefetches, nothing else) */
+    const int64_t kbytes = D * (kv == KV_F32 ? 4 : 2), vbytes = kbytes;
     vec acc[DECODE_ROWS];
     for (int r = 0; r < nr; r++)
         acc[r] = V_ZERO();
     for (int64_t d = 0; d < D; d += VL) {
         vec t[VL];
         const int part = D - d < VL ? (int)(D - d) : VL;
+        decode_prefetch(vpf, d / VL, steps, vbytes);
         for (int j = 0; j < VL; j++)
             t[j] = part == VL ? KV_LOAD(krow[j], d, kv) : KV_LOAD_PART(krow[j], d, part, kv);
         V_TRANSPOSE_REGS(t); /* t[i] lane j: element d + i of k_j */
-        for (int i = 0; i < part; i++)
-            for (int r = 0; r < nr; r++)
-                acc[r] = V_FMA(V_SET1(q[r * Dp + d + i]), t[i], acc[r]);
+        if (part == VL) { /* unrolled whole, so t stays in registers: GCC left a
+                           * loop over `part` rolled once the prefetches were
+                           * added, t went to the stack, bf16 steps 1.35x slower */
+#pragma GCC unroll 16
+            for (int i = 0; i < VL; i++)
+                for (int r = 0; r < nr; r++)
+                    acc[r] = V_FMA(V_SET1(q[r * Dp + d + i]), t[i], acc[r]);
+        } else {
+            for (int i = 0; i < part; i++)
+                for (int r = 0; r < nr; r++)
+                    acc[r] = V_FMA(V_SET1(q[r * Dp + d + i]), t[i], acc[r]);
+        }
     }
     float p[DECODE_ROWS][VL];
     unsigned weighed[DECODE_ROWS];
@@ -339,16 +381,26 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
     int64_t dd = 0;
     for (; dd < D; dd += VL) {
         const int part = D - dd < VL ? (int)(D - dd) : VL;
+        decode_prefetch(kpf, dd / VL, steps, kbytes);
+        vec out[DECODE_ROWS];
         for (int r = 0; r < nr; r++)
-            acc[r] = V_LOAD(o + r * Dp + dd);
-        for (int j = 0; j < VL; j++) {
-            const vec vv =
-                part == VL ? KV_LOAD(vrow[j], dd, kv) : KV_LOAD_PART(vrow[j], dd, part, kv);
-            for (int r = 0; r < nr; r++)
-                acc[r] = V_FMA(V_SET1(p[r][j]), vv, acc[r]);
+            out[r] = V_LOAD(o + r * Dp + dd);
+        if (part == VL) { /* unrolled whole, as S's products above */
+#pragma GCC unroll 16
+            for (int j = 0; j < VL; j++) {
+                const vec vv = KV_LOAD(vrow[j], dd, kv);
+                for (int r = 0; r < nr; r++)
+                    out[r] = V_FMA(V_SET1(p[r][j]), vv, out[r]);
+            }
+        } else {
+            for (int j = 0; j < VL; j++) {
+                const vec vv = KV_LOAD_PART(vrow[j], dd, part, kv);
+                for (int r = 0; r < nr; r++)
+                    out[r] = V_FMA(V_SET1(p[r][j]), vv, out[r]);
+            }
         }
         for (int r = 0; r < nr; r++)
-            V_STORE(o + r * Dp + dd, acc[r]);
+            V_STORE(o + r * Dp + dd, out[r]);
     }
 }
 
@@ -366,9 +418,22 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
     const int nr = (int)jb->rows;
     float *vst = kst + VL * Dp;
     const void *krow[VL], *vrow[VL];
+    /* decode_block_rows's prefetches: rows with unit stride only (a row
+     * is then D elements of memory) */
+    const char *vpf[VL], *kpf[VL];
+    const int fetch = DECODE_SHARED && nr > 1 && c->k->stride[3] == 1 && c->v->stride[3] == 1;
     for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
         const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
         for (int64_t hk = hk0; hk < hk1; hk++) {
+            /* the head block read after this one: (j0, hk + 1), or the next
+             * keys' first head */
+            const int64_t nj = hk + 1 < hk1 ? j0 : j0 + VL, nh = hk + 1 < hk1 ? hk + 1 : hk0;
+            const int nn = (int)(kmax - nj < VL ? kmax - nj : VL);
+            for (int j = 0; fetch && j < VL; j++) {
+                vpf[j] = sdpa__elem(c->v, sdpa__offset(c->v, b, j0 + (j < nk ? j : 0), hk, 0));
+                if (nn > 0)
+                    kpf[j] = sdpa__elem(c->k, sdpa__offset(c->k, b, nj + (j < nn ? j : 0), nh, 0));
+            }
             for (int j = 0; j < nk; j++) {
                 if (kv != KV_F32) {
                     krow[j] = sdpa__elem(c->k, sdpa__offset(c->k, b, j0 + j, hk, 0));
@@ -384,8 +449,8 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
             if (DECODE_SHARED && nr > 1) { /* a constant row count each: sums in registers */
 #define ROWS_CASE(n)                                                                         \
     case n:                                                                                  \
-        decode_block_rows(jb, b, hk, n, j0, limit, q + sl0 * Dp, krow, vrow, o + sl0 * Dp,     \
-                          m + sl0, l + sl0, kv);                                             \
+        decode_block_rows(jb, b, hk, n, j0, limit, q + sl0 * Dp, krow, vrow, fetch ? vpf : NULL, \
+                          fetch && nn > 0 ? kpf : NULL, o + sl0 * Dp, m + sl0, l + sl0, kv);   \
         break;
                 switch (nr) {
                     ROWS_CASE(2)
