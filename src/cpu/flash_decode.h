@@ -76,6 +76,7 @@ typedef struct decode_job {
     int64_t n_kc;        /* chunks of keys per (batch, group of KV heads)     */
     int64_t kc_len;      /* keys per key chunk (a multiple of VL)             */
     int64_t Dp;          /* D rounded up to VL                                */
+    int pf_rows;         /* rows decode_block_rows asks for per step          */
     float *part;         /* n_kc > 1: partial results, [task][slot][Dp + 2]   */
     float *ws;           /* [threads][per-thread workspace]                   */
     size_t ws_floats;
@@ -282,19 +283,31 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
     decode_pv_row(jb, o, p, weighed, seen, vrow, kv);
 }
 
-/* Step st of ns of a block's products asks for the rows in `pf` (VL rows
- * of `bytes` each, NULL: none) a share at a time, whole rows in memory
- * order, so that a block's rows have all been asked for when its last
- * step ends. */
-static inline __attribute__((always_inline)) void decode_prefetch(const char *const *pf,
-                                                                  int64_t st, int64_t ns,
-                                                                  int64_t bytes)
+/* Step st of a block's products asks for `per` of the rows in `pf` (VL
+ * rows of `bytes` each, NULL: none), whole rows in memory order, so that
+ * a block's rows have all been asked for when its last step ends (per:
+ * decode_job.pf_rows, VL over the steps rounded up; a division here was
+ * a tenth of the step's time). */
+static inline __attribute__((always_inline)) void
+decode_prefetch(const void *const *pf, int64_t st, int per, int64_t bytes)
 {
     if (!pf)
         return;
-    for (int64_t j = st * VL / ns; j < (st + 1) * VL / ns; j++)
+    const int64_t j1 = (st + 1) * per < VL ? (st + 1) * per : VL;
+    for (int64_t j = st * per; j < j1; j++)
         for (int64_t x = 0; x < bytes; x += 64)
-            __builtin_prefetch(pf[j] + x, 0, 3);
+            __builtin_prefetch((const char *)pf[j] + x, 0, 3);
+}
+
+/* Where n rows of t at keys j0.. of head h of batch b start (rows past n:
+ * the first one again), by the key stride, in bytes. */
+static inline void decode_rows(const sdpa_tensor *t, int64_t b, int64_t j0, int n, int64_t h,
+                               const void **rows)
+{
+    const char *base = sdpa__elem(t, sdpa__offset(t, b, j0, h, 0));
+    const int64_t step = t->stride[1] * sdpa__elem_bytes(t->dtype);
+    for (int j = 0; j < VL; j++)
+        rows[j] = base + (j < n ? j : 0) * step;
 }
 
 /*
@@ -327,10 +340,10 @@ static inline __attribute__((always_inline)) void decode_prefetch(const char *co
 static inline __attribute__((always_inline)) void
 decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
                   const int64_t *limit, const float *q, const void *const *krow,
-                  const void *const *vrow, const char *const *vpf, const char *const *kpf,
+                  const void *const *vrow, const void *const *vpf, const void *const *kpf,
                   float *o, float *m, float *l, const int kv)
 {
-    const int64_t D = jb->c->desc.D, Dp = jb->Dp, steps = (D + VL - 1) / VL;
+    const int64_t D = jb->c->desc.D, Dp = jb->Dp;
     /* in place: 2-byte rows; f32 rows, or rows converted from another dtype (then
      * asking for more than the row costs a few prefetches, nothing else) */
     const int64_t kbytes = D * (kv == KV_F32 ? 4 : 2), vbytes = kbytes;
@@ -340,7 +353,7 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
     for (int64_t d = 0; d < D; d += VL) {
         vec t[VL];
         const int part = D - d < VL ? (int)(D - d) : VL;
-        decode_prefetch(vpf, d / VL, steps, vbytes);
+        decode_prefetch(vpf, d / VL, jb->pf_rows, vbytes);
         for (int j = 0; j < VL; j++)
             t[j] = part == VL ? KV_LOAD(krow[j], d, kv) : KV_LOAD_PART(krow[j], d, part, kv);
         V_TRANSPOSE_REGS(t); /* t[i] lane j: element d + i of k_j */
@@ -381,7 +394,7 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
     int64_t dd = 0;
     for (; dd < D; dd += VL) {
         const int part = D - dd < VL ? (int)(D - dd) : VL;
-        decode_prefetch(kpf, dd / VL, steps, kbytes);
+        decode_prefetch(kpf, dd / VL, jb->pf_rows, kbytes);
         vec out[DECODE_ROWS];
         for (int r = 0; r < nr; r++)
             out[r] = V_LOAD(o + r * Dp + dd);
@@ -418,10 +431,14 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
     const int nr = (int)jb->rows;
     float *vst = kst + VL * Dp;
     const void *krow[VL], *vrow[VL];
+    /* rows read where they are: bf16 and f16 (kv), f32 with unit stride */
+    const int unit = c->k->stride[3] == 1 && c->v->stride[3] == 1;
+    const int f32_rows = kv == KV_F32 && unit && c->k->dtype == SDPA_F32 &&
+                         c->v->dtype == SDPA_F32;
     /* decode_block_rows's prefetches: rows with unit stride only (a row
      * is then D elements of memory) */
-    const char *vpf[VL], *kpf[VL];
-    const int fetch = DECODE_SHARED && nr > 1 && c->k->stride[3] == 1 && c->v->stride[3] == 1;
+    const void *vpf[VL], *kpf[VL];
+    const int fetch = DECODE_SHARED && nr > 1 && unit;
     for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
         const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
         for (int64_t hk = hk0; hk < hk1; hk++) {
@@ -429,22 +446,22 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
              * keys' first head */
             const int64_t nj = hk + 1 < hk1 ? j0 : j0 + VL, nh = hk + 1 < hk1 ? hk + 1 : hk0;
             const int nn = (int)(kmax - nj < VL ? kmax - nj : VL);
-            for (int j = 0; fetch && j < VL; j++) {
-                vpf[j] = sdpa__elem(c->v, sdpa__offset(c->v, b, j0 + (j < nk ? j : 0), hk, 0));
+            if (fetch) {
+                decode_rows(c->v, b, j0, nk, hk, vpf);
                 if (nn > 0)
-                    kpf[j] = sdpa__elem(c->k, sdpa__offset(c->k, b, nj + (j < nn ? j : 0), nh, 0));
+                    decode_rows(c->k, b, nj, nn, nh, kpf);
             }
-            for (int j = 0; j < nk; j++) {
-                if (kv != KV_F32) {
-                    krow[j] = sdpa__elem(c->k, sdpa__offset(c->k, b, j0 + j, hk, 0));
-                    vrow[j] = sdpa__elem(c->v, sdpa__offset(c->v, b, j0 + j, hk, 0));
-                } else {
+            if (kv != KV_F32 || f32_rows) { /* past the keys: lanes computed on, then hidden */
+                decode_rows(c->k, b, j0, nk, hk, krow);
+                decode_rows(c->v, b, j0, nk, hk, vrow);
+            } else {
+                for (int j = 0; j < nk; j++) {
                     krow[j] = decode_f32_row(c->k, b, j0 + j, hk, D, 1.0f, kst + j * Dp);
                     vrow[j] = decode_f32_row(c->v, b, j0 + j, hk, D, 1.0f, vst + j * Dp);
                 }
+                for (int j = nk; j < VL; j++)
+                    krow[j] = krow[0], vrow[j] = vrow[0];
             }
-            for (int j = nk; j < VL; j++) /* past the keys: lanes computed on, then hidden */
-                krow[j] = krow[0], vrow[j] = vrow[0];
             const int sl0 = (int)(hk - hk0) * nr;
             if (DECODE_SHARED && nr > 1) { /* a constant row count each: sums in registers */
 #define ROWS_CASE(n)                                                                         \
@@ -590,6 +607,7 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     jb.group = d->Hq / d->Hkv;
     jb.rows = jb.group * d->Sq;
     jb.Dp = (d->D + VL - 1) / VL * VL;
+    jb.pf_rows = (int)((VL + jb.Dp / VL - 1) / (jb.Dp / VL));
     /* KV heads per task: with a head's keys a row of all heads apart (BSHD),
      * a task takes every head's row of a key before the next key, so that
      * its reads run along memory, page after page (up to DECODE_SLOTS rows:
