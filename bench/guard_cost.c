@@ -76,7 +76,7 @@ int main(int argc, char **argv)
         void *in = malloc(es * (size_t)(nq + 2 * nkv));
         float *out = malloc(sizeof(float) * (size_t)nq);
         for (int64_t j = 0; j < nq + 2 * nkv; j++)
-            buf[j] = (float)rand() / RAND_MAX - 0.5f;
+            buf[j] = (float)((double)rand() / RAND_MAX - 0.5);
         sdpa_convert(buf, SDPA_F32, in, shapes[i].dtype, (size_t)(nq + 2 * nkv));
         char *base = in;
         sdpa_tensor q = sdpa_tensor_bshd(base, shapes[i].dtype, shapes[i].B, shapes[i].Sq,

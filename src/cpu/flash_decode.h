@@ -3,10 +3,12 @@
  * (grouped-query heads times Sq, at most DECODE_ROWS: a decode step, a
  * text encoder with a cache, one token), fp32 products over a vector
  * vocabulary: included by flash_tiled.h (cpu.avx512, cpu.avx2) and by
- * cpu.portable's flash_portable.c (vec_portable.h). The kernels with bf16
- * products (cpu.avx512bf16, cpu.amx) run cpu.avx512's build of it
- * (avx512/decode_avx512.h): with one query, pairs and tiles buy nothing
- * (K and V are read once either way) and their packing costs 1.6-4.3x.
+ * cpu.portable's flash_portable.c (vec_portable.h). cpu.avx512bf16's
+ * build (flash_tiled.h in pair mode) runs bf16 calls with 2-8 rows per KV
+ * head on its ISA file's pair products instead (DECODE_PAIRS: VDPBF16PS
+ * on K and V in place, P rounded to bf16, decode_block_pairs), the rest
+ * on fp32 products as everywhere; cpu.amx runs cpu.avx512's build
+ * (avx512/decode_avx512.h): tiles for one row cost more than the products.
  *
  * A block of query tiles buys nothing with one query: packing K and V for
  * it costs as much as using them, and 47 of a 48-lane block would be
@@ -67,6 +69,12 @@
  * with 8 (AVX2) the row-by-row path was as fast or faster: 1.0-1.3x on
  * grouped-query rows, bench/results/2026-12-03-decode-shared-ab-spr.txt */
 #define DECODE_SHARED (VL >= 16)
+#ifndef V_UNROLL_WHOLE /* the vocabulary's hint for the rows' product loops */
+#define V_UNROLL_WHOLE
+#endif
+#ifndef DECODE_PAIRS
+#define DECODE_PAIR_DIMS VL /* no pair products: unused */
+#endif
 
 typedef struct decode_job {
     const sdpa_call *c;
@@ -77,6 +85,7 @@ typedef struct decode_job {
     int64_t kc_len;      /* keys per key chunk (a multiple of VL)             */
     int64_t Dp;          /* D rounded up to VL                                */
     int pf_rows;         /* rows decode_block_rows asks for per step          */
+    int pairs;           /* DECODE_PAIRS products (bf16 Q, K, V in place)     */
     float *part;         /* n_kc > 1: partial results, [task][slot][Dp + 2]   */
     float *ws;           /* [threads][per-thread workspace]                   */
     size_t ws_floats;
@@ -283,6 +292,30 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
     decode_pv_row(jb, o, p, weighed, seen, vrow, kv);
 }
 
+/* The online softmax of rows 0 .. nr of a KV head (row r's scores acc[r],
+ * lane j: key j0 + j), each as far as its limit; p[r] gets its weights,
+ * weighed[r] the lanes its P V reads. Returns whether every row weighs
+ * every lane (then P V runs the rows side by side). */
+static inline __attribute__((always_inline)) int
+decode_softmax_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
+                    const int64_t *limit, const vec *acc, float *o, float *m, float *l,
+                    float (*p)[VL], unsigned *weighed)
+{
+    int together = 1;
+    for (int r = 0; r < nr; r++) {
+        const int64_t ahead = limit[r] - j0;
+        if (ahead <= 0) { /* this row sees none of these keys */
+            weighed[r] = 0, together = 0;
+            continue;
+        }
+        const int seen = ahead < VL ? (int)ahead : VL;
+        weighed[r] = decode_softmax_row(jb, b, hk, r, j0, seen, acc[r], o + r * jb->Dp, m + r,
+                                        l + r, p[r]);
+        together &= weighed[r] == (1u << (VL - 1) << 1) - 1;
+    }
+    return together;
+}
+
 /* Step st of a block's products asks for `per` of the rows in `pf` (VL
  * rows of `bytes` each, NULL: none), whole rows in memory order, so that
  * a block's rows have all been asked for when its last step ends (per:
@@ -360,7 +393,7 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
         if (part == VL) { /* unrolled whole, so t stays in registers: GCC left a
                            * loop over `part` rolled once the prefetches were
                            * added, t went to the stack, bf16 steps 1.35x slower */
-#pragma GCC unroll 16
+V_UNROLL_WHOLE
             for (int i = 0; i < VL; i++)
                 for (int r = 0; r < nr; r++)
                     acc[r] = V_FMA(V_SET1(q[r * Dp + d + i]), t[i], acc[r]);
@@ -372,18 +405,7 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
     }
     float p[DECODE_ROWS][VL];
     unsigned weighed[DECODE_ROWS];
-    int together = 1; /* every row weighs every lane: P V side by side */
-    for (int r = 0; r < nr; r++) {
-        const int64_t ahead = limit[r] - j0;
-        if (ahead <= 0) { /* this row sees none of these keys */
-            weighed[r] = 0, together = 0;
-            continue;
-        }
-        const int seen = ahead < VL ? (int)ahead : VL;
-        weighed[r] = decode_softmax_row(jb, b, hk, r, j0, seen, acc[r], o + r * Dp, m + r,
-                                        l + r, p[r]);
-        together &= weighed[r] == (1u << (VL - 1) << 1) - 1;
-    }
+    const int together = decode_softmax_rows(jb, b, hk, nr, j0, limit, acc, o, m, l, p, weighed);
     if (!together) {
         for (int r = 0; r < nr; r++)
             if (weighed[r])
@@ -399,7 +421,7 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
         for (int r = 0; r < nr; r++)
             out[r] = V_LOAD(o + r * Dp + dd);
         if (part == VL) { /* unrolled whole, as S's products above */
-#pragma GCC unroll 16
+V_UNROLL_WHOLE
             for (int j = 0; j < VL; j++) {
                 const vec vv = KV_LOAD(vrow[j], dd, kv);
                 for (int r = 0; r < nr; r++)
@@ -416,6 +438,128 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
             V_STORE(o + r * Dp + dd, out[r]);
     }
 }
+
+#ifdef DECODE_PAIRS
+/*
+ * decode_block_rows with the ISA file's pair products (cpu.avx512bf16:
+ * bf16 Q, K and V, VDPBF16PS; the ISA file says how). q holds row r's
+ * pairs, unscaled (the scale meets S in fp32, as in pair mode's tiled
+ * kernel), at qp + r * Dp; P is rounded to bf16 pairs for P V. O is in
+ * the ISA file's pair order until decode_task puts it back.
+ */
+static inline __attribute__((always_inline)) void
+decode_block_pairs(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
+                   const int64_t *limit, const uint32_t *qp, const void *const *krow,
+                   const void *const *vrow, const void *const *vpf, const void *const *kpf,
+                   float *o, float *m, float *l)
+{
+    const int64_t D = jb->c->desc.D, Dp = jb->Dp;
+    vec acc[DECODE_ROWS];
+    for (int r = 0; r < nr; r++)
+        acc[r] = V_ZERO();
+    for (int64_t d = 0; d < D; d += DECODE_PAIR_DIMS) {
+        const int part = D - d < DECODE_PAIR_DIMS ? (int)(D - d) : DECODE_PAIR_DIMS;
+        decode_prefetch(vpf, d / DECODE_PAIR_DIMS, jb->pf_rows, 2 * D);
+        decode_pairs_scores(krow, d, part, qp, Dp, nr, acc);
+    }
+    const vec scale = V_SET1((float)jb->c->scale);
+    for (int r = 0; r < nr; r++)
+        acc[r] = V_MUL(acc[r], scale);
+    float p[DECODE_ROWS][VL];
+    uint32_t pp[DECODE_ROWS][VL / 2];
+    unsigned weighed[DECODE_ROWS];
+    const int together = decode_softmax_rows(jb, b, hk, nr, j0, limit, acc, o, m, l, p, weighed);
+    for (int r = 0; r < nr; r++)
+        if (weighed[r])
+            decode_pairs_round(p[r], pp[r]);
+    for (int64_t dd = 0; dd < D; dd += DECODE_PAIR_DIMS) {
+        const int part = D - dd < DECODE_PAIR_DIMS ? (int)(D - dd) : DECODE_PAIR_DIMS;
+        decode_prefetch(kpf, dd / DECODE_PAIR_DIMS, jb->pf_rows, 2 * D);
+        if (together)
+            decode_pairs_pv(vrow, dd, part, 0xffffu, &pp[0][0], nr, o, Dp);
+        else /* rows alone: hidden keys read as zeros, never meet V */
+            for (int r = 0; r < nr; r++)
+                if (weighed[r])
+                    decode_pairs_pv(vrow, dd, part, weighed[r], pp[r], 1, o + r * Dp, Dp);
+    }
+}
+#endif
+
+/* One function per row count and row kind (the rows' sums stay in
+ * registers with a constant count): inlined into decode_keys instead, their
+ * 21-28 bodies made decode_task one function so large that compiling a
+ * kernel's file took minutes under the sanitizers. A call per block of
+ * 16 keys costs nothing measurable. */
+#if DECODE_SHARED
+typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_t j0,
+                             const int64_t *limit, const float *q, const void *const *krow,
+                             const void *const *vrow, const void *const *vpf,
+                             const void *const *kpf, float *o, float *m, float *l);
+#define DECODE_BLOCK_FN(n, kind)                                                             \
+    static __attribute__((noinline)) void decode_rows_##n##_##kind(                          \
+        const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
+        const float *q, const void *const *krow, const void *const *vrow,                    \
+        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
+    {                                                                                        \
+        decode_block_rows(jb, b, hk, n, j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind);  \
+    }
+#ifdef DECODE_PAIRS
+#define DECODE_PAIRS_FN(n)                                                                   \
+    static __attribute__((noinline)) void decode_rows_##n##_pairs(                           \
+        const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
+        const float *q, const void *const *krow, const void *const *vrow,                    \
+        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
+    {                                                                                        \
+        decode_block_pairs(jb, b, hk, n, j0, limit, (const uint32_t *)q, krow, vrow, vpf,    \
+                           kpf, o, m, l);                                                    \
+    }
+#else
+#define DECODE_PAIRS_FN(n)
+#endif
+#define DECODE_FNS(n)                                                                        \
+    DECODE_BLOCK_FN(n, KV_F32) DECODE_BLOCK_FN(n, KV_BF16) DECODE_BLOCK_FN(n, KV_F16)        \
+    DECODE_PAIRS_FN(n)
+DECODE_FNS(2)
+DECODE_FNS(3)
+DECODE_FNS(4)
+DECODE_FNS(5)
+DECODE_FNS(6)
+DECODE_FNS(7)
+DECODE_FNS(8)
+#undef DECODE_FNS
+#undef DECODE_PAIRS_FN
+#undef DECODE_BLOCK_FN
+
+/* The function for nr rows (2-8) of a kind (kv), or pair products. */
+static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
+{
+#ifdef DECODE_PAIRS
+#define ROWS_CASE(n)                                                                         \
+    case n:                                                                                  \
+        return pairs ? decode_rows_##n##_pairs                                               \
+               : kv == KV_BF16 ? decode_rows_##n##_KV_BF16                                   \
+               : kv == KV_F16  ? decode_rows_##n##_KV_F16                                    \
+                               : decode_rows_##n##_KV_F32;
+#else
+#define ROWS_CASE(n)                                                                         \
+    case n:                                                                                  \
+        return (void)pairs, kv == KV_BF16 ? decode_rows_##n##_KV_BF16                        \
+                            : kv == KV_F16 ? decode_rows_##n##_KV_F16                        \
+                                           : decode_rows_##n##_KV_F32;
+#endif
+    switch (nr) {
+        ROWS_CASE(2)
+        ROWS_CASE(3)
+        ROWS_CASE(4)
+        ROWS_CASE(5)
+        ROWS_CASE(6)
+        ROWS_CASE(7)
+        ROWS_CASE(8)
+    }
+#undef ROWS_CASE
+    return NULL;
+}
+#endif
 
 /* The rows of KV heads [hk0, hk1) of batch b against keys [k0, kmax), VL
  * at a time, every head's rows of a key block before the next block. kv:
@@ -439,6 +583,9 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
      * is then D elements of memory) */
     const void *vpf[VL], *kpf[VL];
     const int fetch = DECODE_SHARED && nr > 1 && unit;
+#if DECODE_SHARED
+    decode_block_fn *const block = nr > 1 ? decode_block_for(nr, kv, jb->pairs) : NULL;
+#endif
     for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
         const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
         for (int64_t hk = hk0; hk < hk1; hk++) {
@@ -463,24 +610,13 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
                     krow[j] = krow[0], vrow[j] = vrow[0];
             }
             const int sl0 = (int)(hk - hk0) * nr;
-            if (DECODE_SHARED && nr > 1) { /* a constant row count each: sums in registers */
-#define ROWS_CASE(n)                                                                         \
-    case n:                                                                                  \
-        decode_block_rows(jb, b, hk, n, j0, limit, q + sl0 * Dp, krow, vrow, fetch ? vpf : NULL, \
-                          fetch && nn > 0 ? kpf : NULL, o + sl0 * Dp, m + sl0, l + sl0, kv);   \
-        break;
-                switch (nr) {
-                    ROWS_CASE(2)
-                    ROWS_CASE(3)
-                    ROWS_CASE(4)
-                    ROWS_CASE(5)
-                    ROWS_CASE(6)
-                    ROWS_CASE(7)
-                    ROWS_CASE(8)
-                }
-#undef ROWS_CASE
+#if DECODE_SHARED
+            if (block) { /* 2-8 rows side by side */
+                block(jb, b, hk, j0, limit, q + sl0 * Dp, krow, vrow, fetch ? vpf : NULL,
+                      fetch && nn > 0 ? kpf : NULL, o + sl0 * Dp, m + sl0, l + sl0);
                 continue;
             }
+#endif
             for (int r = 0; r < nr; r++) {
                 const int64_t ahead = limit[r] - j0;
                 const int sl = sl0 + r;
@@ -524,9 +660,15 @@ static void decode_task(void *arg, int64_t task, int worker)
     for (int sl = 0; sl < slots; sl++) {
         int64_t h, i;
         decode_row(jb, hk0 + sl / nr, sl % nr, &h, &i);
-        const float *src = decode_f32_row(c->q, b, i, h, D, (float)c->scale, q + sl * Dp);
-        if (src != q + sl * Dp)
-            memcpy(q + sl * Dp, src, sizeof(float) * (size_t)D);
+        if (jb->pairs) { /* the bf16 row as it is, zeros past D (pairs: Dp / 2 words) */
+            memset(q + sl * Dp, 0, sizeof(float) * (size_t)Dp / 2);
+            memcpy(q + sl * Dp, sdpa__elem(c->q, sdpa__offset(c->q, b, i, h, 0)),
+                   sizeof(uint16_t) * (size_t)D);
+        } else {
+            const float *src = decode_f32_row(c->q, b, i, h, D, (float)c->scale, q + sl * Dp);
+            if (src != q + sl * Dp)
+                memcpy(q + sl * Dp, src, sizeof(float) * (size_t)D);
+        }
         m[sl] = -INFINITY, l[sl] = 0.0f;
         memset(o + sl * Dp, 0, sizeof(float) * (size_t)Dp);
     }
@@ -544,6 +686,10 @@ static void decode_task(void *arg, int64_t task, int worker)
         decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kst, KV_F16);
     else
         decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kst, KV_F32);
+#ifdef DECODE_PAIRS
+    for (int sl = 0; jb->pairs && sl < slots; sl++)
+        decode_pairs_order(o + sl * Dp, Dp);
+#endif
     if (jb->n_kc > 1) { /* partial results, merged in decode_merge */
         float *p = jb->part + (size_t)task * (size_t)(DECODE_SLOTS * (Dp + 2));
         for (int sl = 0; sl < slots; sl++) {
@@ -607,7 +753,15 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     jb.group = d->Hq / d->Hkv;
     jb.rows = jb.group * d->Sq;
     jb.Dp = (d->D + VL - 1) / VL * VL;
-    jb.pf_rows = (int)((VL + jb.Dp / VL - 1) / (jb.Dp / VL));
+#ifdef DECODE_PAIRS /* bf16 Q, K and V with unit stride, rows side by side */
+    jb.pairs = jb.rows > 1 && c->q->dtype == SDPA_BF16 && c->k->dtype == SDPA_BF16 &&
+               c->v->dtype == SDPA_BF16 && c->q->stride[3] == 1 && c->k->stride[3] == 1 &&
+               c->v->stride[3] == 1;
+#endif
+    const int64_t step = jb.pairs ? DECODE_PAIR_DIMS : VL; /* head dims per step */
+    if (jb.pairs)
+        jb.Dp = (d->D + step - 1) / step * step;
+    jb.pf_rows = (int)((VL + jb.Dp / step - 1) / (jb.Dp / step));
     /* KV heads per task: with a head's keys a row of all heads apart (BSHD),
      * a task takes every head's row of a key before the next key, so that
      * its reads run along memory, page after page (up to DECODE_SLOTS rows:

@@ -770,9 +770,7 @@ static void task_short_fn(void *arg, int64_t task, int worker)
 #define SHORT_KEYS 512
 static int short_keys(const sdpa_call_desc *d) { return d->Skv <= SHORT_KEYS && d->Skv * d->D <= SHORT_KEYS * 128; }
 
-#ifndef TILED_PAIRS
-#include "flash_decode.h"
-#endif
+#include "flash_decode.h" /* pair mode: its DECODE_PAIRS products, the ISA file's */
 #include "flash_sparse.h"
 
 static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)

@@ -119,8 +119,9 @@ static void check_case(const char *backend, const tl_case *case_in)
     /* The reference reads the same inputs, or, for a kernel whose products
      * take bf16 operands, the f16 inputs as that kernel rounds them (its
      * documented precision: f16 -> bf16 costs 3 bits of every score). Such
-     * a kernel may also not round (cpu.amx and cpu.avx512bf16 run few-query
-     * calls on fp32 products, flash_decode.h): it is then held, with the
+     * a kernel may also not round (cpu.amx's few-query calls, and
+     * cpu.avx512bf16's unless q, k and v are all bf16, run on fp32
+     * products, flash_decode.h): it is then held, with the
      * same bounds, to the reference on the inputs as they are, whichever of
      * the two it is closer to. */
     tl_problem pr = p, rounded;

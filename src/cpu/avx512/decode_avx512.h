@@ -1,11 +1,11 @@
 /*
  * decode_avx512.h - cpu.avx512's build of the few-query path
- * (../flash_decode.h), for the other kernels that run where AVX-512 does
- * and whose own products are bf16 (cpu.avx512bf16, cpu.amx): on at most
- * eight query rows per KV head they take this path, fp32 products on K and
- * V read in place, instead of packing pairs or tiles for one row (on the
+ * (../flash_decode.h), for cpu.amx, whose own products are tiles: on at
+ * most eight query rows per KV head it takes this path, fp32 products on K
+ * and V read in place, instead of packing tiles for one row (on the
  * Sapphire Rapids VM cpu.amx was 1.65-4.27x slower than this path on
  * one-query rows: bench/results/2026-12-02-peers-decode-cpu-bf16-spr.txt).
+ * cpu.avx512bf16 builds the path itself, with its pair products.
  * Errors name the backend passed as `self`.
  */
 #ifndef SDPA_DECODE_AVX512_H
