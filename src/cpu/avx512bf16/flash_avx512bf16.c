@@ -10,10 +10,13 @@
  * Micro-kernel 8 x 3, as cpu.avx512: eight broadcast pairs (keys for S^T,
  * head-dim elements for O^T) against three 16-query vectors of pairs.
  *
+ * Few queries (at most 8 rows per KV head): the few-query path
+ * (../flash_decode.h) in this file's build, bf16 calls with 2-8 rows per
+ * KV head on pair products (below), the rest on fp32 products.
+ *
  * For CPUs with AVX512-BF16 but no AMX (AMD Zen 4 and later, Intel Cooper
  * Lake); where AMX is usable, cpu.amx comes first.
  */
-#include "../avx512/decode_avx512.h"
 #include "../avx512/vec_avx512.h"
 
 #include <stdint.h>
