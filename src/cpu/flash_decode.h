@@ -517,7 +517,7 @@ typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_
                              const void *const *vrow, const void *const *vpf,
                              const void *const *kpf, float *o, float *m, float *l);
 #define DECODE_BLOCK_FN(n, kind)                                                             \
-    static __attribute__((noinline)) void decode_rows_##n##_##kind(                          \
+    static __attribute__((noinline)) void decode_block_##n##_##kind(                         \
         const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
         const float *q, const void *const *krow, const void *const *vrow,                    \
         const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
@@ -526,7 +526,7 @@ typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_
     }
 #ifdef DECODE_PAIRS
 #define DECODE_PAIRS_FN(n)                                                                   \
-    static __attribute__((noinline)) void decode_rows_##n##_pairs(                           \
+    static __attribute__((noinline)) void decode_block_##n##_pairs(                          \
         const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
         const float *q, const void *const *krow, const void *const *vrow,                    \
         const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
@@ -557,16 +557,16 @@ static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
 #ifdef DECODE_PAIRS
 #define ROWS_CASE(n)                                                                         \
     case n:                                                                                  \
-        return pairs ? decode_rows_##n##_pairs                                               \
-               : kv == KV_BF16 ? decode_rows_##n##_KV_BF16                                   \
-               : kv == KV_F16  ? decode_rows_##n##_KV_F16                                    \
-                               : decode_rows_##n##_KV_F32;
+        return pairs ? decode_block_##n##_pairs                                              \
+               : kv == KV_BF16 ? decode_block_##n##_KV_BF16                                  \
+               : kv == KV_F16  ? decode_block_##n##_KV_F16                                   \
+                               : decode_block_##n##_KV_F32;
 #else
 #define ROWS_CASE(n)                                                                         \
     case n:                                                                                  \
-        return (void)pairs, kv == KV_BF16 ? decode_rows_##n##_KV_BF16                        \
-                            : kv == KV_F16 ? decode_rows_##n##_KV_F16                        \
-                                           : decode_rows_##n##_KV_F32;
+        return (void)pairs, kv == KV_BF16 ? decode_block_##n##_KV_BF16                       \
+                            : kv == KV_F16 ? decode_block_##n##_KV_F16                       \
+                                           : decode_block_##n##_KV_F32;
 #endif
     switch (nr) {
         ROWS_CASE(2)
