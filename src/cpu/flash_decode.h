@@ -85,6 +85,7 @@ typedef struct decode_job {
     int64_t kc_len;      /* keys per key chunk (a multiple of VL)             */
     int64_t Dp;          /* D rounded up to VL                                */
     int pf_rows;         /* rows decode_block_rows asks for per step          */
+    int64_t k_bytes, v_bytes; /* a K and a V row in memory (what is prefetched) */
     int pairs;           /* DECODE_PAIRS products (bf16 Q, K, V in place)     */
     float *part;         /* n_kc > 1: partial results, [task][slot][Dp + 2]   */
     float *ws;           /* [threads][per-thread workspace]                   */
@@ -398,16 +399,13 @@ decode_block_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
                   float *o, float *m, float *l, const int kv)
 {
     const int64_t D = jb->c->desc.D, Dp = jb->Dp;
-    /* in place: 2-byte rows; f32 rows, or rows converted from another dtype (then
-     * asking for more than the row costs a few prefetches, nothing else) */
-    const int64_t kbytes = D * (kv == KV_F32 ? 4 : 2), vbytes = kbytes;
     vec acc[DECODE_ROWS];
     for (int r = 0; r < nr; r++)
         acc[r] = V_ZERO();
     for (int64_t d = 0; d < D; d += VL) {
         vec t[VL];
         const int part = D - d < VL ? (int)(D - d) : VL;
-        decode_prefetch(vpf, d / VL, jb->pf_rows, vbytes);
+        decode_prefetch(vpf, d / VL, jb->pf_rows, jb->v_bytes);
         for (int j = 0; j < VL; j++)
             t[j] = part == VL ? KV_LOAD(krow[j], d, kv) : KV_LOAD_PART(krow[j], d, part, kv);
         V_TRANSPOSE_REGS(t); /* t[i] lane j: element d + i of k_j */
@@ -437,7 +435,7 @@ V_UNROLL_WHOLE
     int64_t dd = 0;
     for (; dd < D; dd += VL) {
         const int part = D - dd < VL ? (int)(D - dd) : VL;
-        decode_prefetch(kpf, dd / VL, jb->pf_rows, kbytes);
+        decode_prefetch(kpf, dd / VL, jb->pf_rows, jb->k_bytes);
         vec out[DECODE_ROWS];
         for (int r = 0; r < nr; r++)
             out[r] = V_LOAD(o + r * Dp + dd);
@@ -480,7 +478,7 @@ decode_block_pairs(const decode_job *jb, int64_t b, int64_t hk, const int nr, in
         acc[r] = V_ZERO();
     for (int64_t d = 0; d < D; d += DECODE_PAIR_DIMS) {
         const int part = D - d < DECODE_PAIR_DIMS ? (int)(D - d) : DECODE_PAIR_DIMS;
-        decode_prefetch(vpf, d / DECODE_PAIR_DIMS, jb->pf_rows, 2 * D);
+        decode_prefetch(vpf, d / DECODE_PAIR_DIMS, jb->pf_rows, jb->v_bytes);
         decode_pairs_scores(krow, d, part, qp, Dp, nr, acc);
     }
     const vec scale = V_SET1((float)jb->c->scale);
@@ -495,7 +493,7 @@ decode_block_pairs(const decode_job *jb, int64_t b, int64_t hk, const int nr, in
             decode_pairs_round(p[r], pp[r]);
     for (int64_t dd = 0; dd < D; dd += DECODE_PAIR_DIMS) {
         const int part = D - dd < DECODE_PAIR_DIMS ? (int)(D - dd) : DECODE_PAIR_DIMS;
-        decode_prefetch(kpf, dd / DECODE_PAIR_DIMS, jb->pf_rows, 2 * D);
+        decode_prefetch(kpf, dd / DECODE_PAIR_DIMS, jb->pf_rows, jb->k_bytes);
         if (together)
             decode_pairs_pv(vrow, dd, part, 0xffffu, &pp[0][0], nr, o, Dp);
         else /* rows alone: hidden keys read as zeros, never meet V */
@@ -783,6 +781,8 @@ static sdpa_status decode_run(const sdpa_backend *self, const sdpa_call *c)
     if (jb.pairs)
         jb.Dp = (d->D + step - 1) / step * step;
     jb.pf_rows = (int)((VL + jb.Dp / step - 1) / (jb.Dp / step));
+    jb.k_bytes = d->D * sdpa__elem_bytes(c->k->dtype); /* rows in their own dtype */
+    jb.v_bytes = d->D * sdpa__elem_bytes(c->v->dtype);
     /* KV heads per task: with a head's keys a row of all heads apart (BSHD),
      * a task takes every head's row of a key before the next key, so that
      * its reads run along memory, page after page (up to DECODE_SLOTS rows:
