@@ -72,7 +72,7 @@
  * second product, and f16 inputs are rounded to bf16 (2^-9 relative per
  * element); the polynomial's own relative error is 7.5e-5.
  *
- * Threads: packing tasks are (KV head, 512 keys); product tasks are
+ * Threads: packing tasks are (up to 8 KV heads, 128 keys); product tasks are
  * (batch, head, group of query blocks) as in flash_tasks.h, grouped-query
  * heads of short calls sharing one row space. Each thread configures its
  * tiles once (palette 1, all eight 16 x 64 bytes) at its first task and
@@ -108,7 +108,8 @@
 #define BQ 32           /* query rows per block: two A tiles of 16 rows      */
 #define BK_LONG 256     /* keys per block past the short path                 */
 #define SHORT_KEYS 512  /* up to here one block holds every key: one softmax  */
-#define PACK_KEYS 512   /* keys per packing task                              */
+#define PACK_KEYS 128   /* keys per packing task                              */
+#define PACK_SLOTS 8    /* and KV heads (slots of the group), at most         */
 #define PACK_BUDGET ((size_t)12 << 20) /* packed K and V held at once        */
 #define LOG2E 1.44269504088896341f
 #define TAU 8.0f        /* the lazy max: P may reach 2^TAU                    */
@@ -280,27 +281,42 @@ static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *cons
     }
 }
 
-/* Packing task: 512 keys of one slot of the group. */
+/* Packing task: PACK_KEYS keys of up to PACK_SLOTS slots of the group, 32
+ * keys of every slot before the next 32, so that neighbouring heads' rows
+ * of a key (one page) are read one after another. One head's rows stride
+ * Hkv D elements, a page or more apart; a slot at a time (512 keys a task)
+ * the packing alone took 1.25x as long (CogVideoX's D = 64 row, Zen 4,
+ * tile products skipped). Both orders wait on those rows' misses: about
+ * 5 GB/s of K and V against a 20 GB/s stream on one core, where reading
+ * the rows alone in this order ran at 11 GB/s and in address order at 20;
+ * prefetching them (whole rows, or the next keys in address order) gained
+ * nothing. */
 static void pack_task(void *arg, int64_t task, int worker)
 {
     const amx_job *jb = arg;
     const sdpa_call *c = jb->c;
     const int64_t chunks = (jb->kp + PACK_KEYS - 1) / PACK_KEYS;
-    const amx_slot *sl = &jb->slots[task / chunks];
-    const int64_t bh = jb->bh0 + task / chunks, b = bh / c->desc.Hkv, hk = bh % c->desc.Hkv;
+    const int64_t s0 = task / chunks * PACK_SLOTS;
+    const int64_t s1 = s0 + PACK_SLOTS < jb->nslots ? s0 + PACK_SLOTS : jb->nslots;
+    const int64_t first = task % chunks * PACK_KEYS, last = first + PACK_KEYS;
     const int64_t D = c->desc.D, Dp = jb->Dp;
-    const int64_t end = sl->nk < (task % chunks + 1) * PACK_KEYS ? sl->nk
-                                                                  : (task % chunks + 1) * PACK_KEYS;
     uint16_t *stage = jb->ws[worker].stage;
-    for (int64_t j0 = task % chunks * PACK_KEYS; j0 < end; j0 += 32) {
-        const int n = (int)(end - j0 < 32 ? end - j0 : 32);
-        const uint16_t *rows[32];
-        for (int i = 0; i < n; i++)
-            rows[i] = kv_row(c->k, b, flash_key(sl->kidx, j0 + i), hk, D, stage + i * Dp);
-        pack_k32(jb, sl, rows, n, j0);
-        for (int i = 0; i < n; i++)
-            rows[i] = kv_row(c->v, b, flash_key(sl->kidx, j0 + i), hk, D, stage + i * Dp);
-        pack_v32(jb, sl, rows, n, j0);
+    for (int64_t j0 = first; j0 < last; j0 += 32) {
+        for (int64_t s = s0; s < s1; s++) {
+            const amx_slot *sl = &jb->slots[s];
+            const int64_t bh = jb->bh0 + s, b = bh / c->desc.Hkv, hk = bh % c->desc.Hkv;
+            const int64_t end = sl->nk < last ? sl->nk : last;
+            if (j0 >= end)
+                continue;
+            const int n = (int)(end - j0 < 32 ? end - j0 : 32);
+            const uint16_t *rows[32];
+            for (int i = 0; i < n; i++)
+                rows[i] = kv_row(c->k, b, flash_key(sl->kidx, j0 + i), hk, D, stage + i * Dp);
+            pack_k32(jb, sl, rows, n, j0);
+            for (int i = 0; i < n; i++)
+                rows[i] = kv_row(c->v, b, flash_key(sl->kidx, j0 + i), hk, D, stage + i * Dp);
+            pack_v32(jb, sl, rows, n, j0);
+        }
     }
 }
 
@@ -1091,6 +1107,16 @@ static void amx_task(void *arg, int64_t task, int worker)
     } else { /* query blocks resident, key blocks streaming past once */
         for (int q = 0; q < tk.nqb; q++) {
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+            /* Q's rows a block ahead, the first block's too: each row is a
+             * page or more from the last (one head's rows stride Hq D), and
+             * load_q waited on them one after another (6-7% of the time
+             * without tiles on CogVideoX's D = 64 row, Zen 4; 2.5% after) */
+            if (q == 0)
+                flash_prefetch_rows(c->q, &tk, i0, flash_block_rows(jb->split.rows, i0, BQ), d->D,
+                                    0);
+            if (q + 1 < tk.nqb)
+                flash_prefetch_rows(c->q, &tk, i0 + BQ,
+                                    flash_block_rows(jb->split.rows, i0 + BQ, BQ), d->D, 0);
             load_q(jb, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
         }
         int q = 0;
@@ -1246,7 +1272,8 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
         jb.nslots = kv_rows - jb.bh0 < group ? kv_rows - jb.bh0 : group;
         for (int64_t s = 0; s < jb.nslots; s++)
             slot_keys(c, &jb.slots[s], jb.bh0 + s);
-        sdpa__parallel_for(pool, jb.nslots * chunks, pack_task, &jb);
+        sdpa__parallel_for(pool, (jb.nslots + PACK_SLOTS - 1) / PACK_SLOTS * chunks, pack_task,
+                           &jb);
         sdpa__parallel_for(pool, jb.nslots * jb.spaces_per_slot * jb.split.tasks_per_head,
                            amx_task, &jb);
     }
