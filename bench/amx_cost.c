@@ -3,7 +3,7 @@
  * per core, on any CPU with AVX-512 BF16.
  *
  *   bench_amx_cost [--suite FILE | --shape B,Sq,Skv,Hq,Hkv,D] [--reps N]
- *                  [--threads N] [--flop-per-cycle N] [--notiles-only]
+ *                  [--threads N] [--flop-per-cycle N] [--notiles-only] [--softmax]
  *
  * "cpu.amx-notiles" is cpu.amx's kernel compiled with its tile work left
  * out (bench/amx_notiles.c: no tile configuration, loads, products or
@@ -30,6 +30,12 @@
  *
  * Medians of --reps interleaved rounds (default 5). Results are garbage
  * (nothing computes the scores); only time is read.
+ *
+ * --softmax times the softmax's exponential alone instead (one thread, 32
+ * rows of 256 scores in L1): the kernel's exp_row and variants of its
+ * arithmetic (bench/amx_notiles.c), in cycles per 32 scores by the same
+ * clock, so that the floor of that part of the budget on the CPU at hand
+ * is measured rather than counted.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cpu/cpu_backend.h"
@@ -44,6 +50,8 @@
 
 extern const sdpa_backend sdpa__backend_cpu_amx;
 sdpa_status sdpa__cpu_amx_notiles_run(const sdpa_backend *self, const sdpa_call *call);
+const char *sdpa__amx_exp_variant_name(int variant);
+double sdpa__amx_exp_variant_seconds(int variant, long long iters);
 
 static int cmp(const void *a, const void *b)
 {
@@ -55,6 +63,34 @@ static double median(double *x, int n)
 {
     qsort(x, (size_t)n, sizeof *x, cmp);
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* --softmax: each variant's median over `reps` interleaved rounds, in
+ * core cycles per 32 scores at `ghz`. */
+static int softmax_variants(long long reps, double ghz)
+{
+    enum { ITERS = 2000, SCORES = 32 * 256 }; /* a pass: 32 rows x 256 scores */
+    int n = 0;
+    while (sdpa__amx_exp_variant_name(n))
+        n++;
+    double *t = malloc(sizeof(double) * (size_t)((long long)n * reps));
+    if (!t)
+        return tool_usage_error("out of memory");
+    for (int v = 0; v < n; v++) /* warm up */
+        sdpa__amx_exp_variant_seconds(v, ITERS / 10);
+    for (long long r = 0; r < reps; r++)
+        for (int v = 0; v < n; v++)
+            t[v * reps + r] = sdpa__amx_exp_variant_seconds(v, ITERS);
+    printf("# the softmax's exponential alone: 32 rows x 256 scores in L1, one thread, %d passes "
+           "a round; cycles per 32 scores (medians; the clock above)\n",
+           (int)ITERS);
+    printf("%-80s %8s %10s\n", "variant", "cyc/32", "cyc/score");
+    for (int v = 0; v < n; v++) {
+        const double cyc = median(t + v * reps, (int)reps) * ghz * 1e9 / ITERS / SCORES * 32;
+        printf("%-80s %8.2f %10.3f\n", sdpa__amx_exp_variant_name(v), cyc, cyc / 32);
+    }
+    free(t);
+    return 0;
 }
 
 static double cpu_ms(void)
@@ -86,10 +122,11 @@ static double run_ms(sdpa_context *ctx, problem *pb, const row *rw, const char *
 
 int main(int argc, char **argv)
 {
-    enum { SUITE, SHAPE, REPS, THREADS, FPC, NOTILES, NFLAGS };
+    enum { SUITE, SHAPE, REPS, THREADS, FPC, NOTILES, SOFTMAX, NFLAGS };
     tool_flag f[NFLAGS] = {{"--suite", 1, NULL},          {"--shape", 1, NULL},
                            {"--reps", 1, NULL},           {"--threads", 1, NULL},
-                           {"--flop-per-cycle", 1, NULL}, {"--notiles-only", 0, NULL}};
+                           {"--flop-per-cycle", 1, NULL}, {"--notiles-only", 0, NULL},
+                           {"--softmax", 0, NULL}};
     int rc = tool_parse_flags(argc - 1, argv + 1, f, NFLAGS);
     if (rc)
         return rc;
@@ -155,6 +192,11 @@ int main(int argc, char **argv)
                "run, %%peak from wall time); tiles: the share of cpu.amx's cycles the tile work "
                "adds\n",
                amx_peak);
+    if (f[SOFTMAX].value) {
+        rc = softmax_variants(reps, ghz);
+        sdpa_context_destroy(ctx);
+        return rc;
+    }
     printf("# target: <= 0.7 cycle per score at D = 128, <= 0.5 at D <= 72 (notes/amx.md)\n");
     printf("# cyc/score: core cycles per score, from the CPU time of all threads (medians)\n");
     printf("%-22s %2s %6s %6s %3s %3s %4s  %12s %12s %7s", "row", "B", "Sq", "Skv", "Hq", "Hkv",

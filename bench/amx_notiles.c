@@ -8,3 +8,108 @@
 #define AMX_RUN_SYMBOL sdpa__cpu_amx_notiles_run
 #define AMX_HELD_SYMBOL sdpa__cpu_amx_notiles_holding_tiles
 #include "cpu/amx/flash_amx.c"
+
+/*
+ * The softmax's exponential alone, for bench_amx_cost --softmax: the
+ * kernel's exp_row (the path past a row's first block: P = 2^(c s - m)
+ * without a max pass, its sum, P rounded to bf16 and stored) over 32 rows
+ * of 256 scores in L1, and variants of its arithmetic beside it, each the
+ * same loop with one thing changed. What they show is where the
+ * exponential's floor lies on the CPU at hand; only the first is the
+ * kernel's (the others are not all exact: see their names).
+ */
+#include <time.h>
+
+enum { EXP_ROWS = 32, EXP_KEYS = 256 };
+
+static inline __m512 exp_floor_roundscale(__m512 x) /* floor by VRNDSCALEPS, f = x - n */
+{
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(0.0770675838f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 exp_magic(__m512 x) /* nearest n by a magic add, 2^n by an integer add: no -inf */
+{
+    const __m512 magic = _mm512_set1_ps(12582912.0f), t = _mm512_add_ps(x, magic);
+    const __m512 f = _mm512_sub_ps(x, _mm512_sub_ps(t, magic));
+    __m512 p = _mm512_set1_ps(0.0555041087f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240226507f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693147181f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_castsi512_ps(
+        _mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(_mm512_castps_si512(t), 23)));
+}
+
+static inline __m512 exp_fmas_only(__m512 x) /* the polynomial's FMAs alone: not an exponential */
+{
+    __m512 p = _mm512_set1_ps(0.0770675838f);
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(0.227644399f));
+    p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(0.695116937f));
+    return _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.0f));
+}
+
+/* exp_row's loop with `ex` for the exponential and the sums by FMA or add */
+#define EXP_ROW_VARIANT(name, ex, fma_sums)                                                  \
+    static __attribute__((noinline)) __m512 name(const float *s, uint16_t *p, float c,       \
+                                                 float m)                                    \
+    {                                                                                        \
+        const __m512 cv = _mm512_set1_ps(c), nm = _mm512_set1_ps(-m), one = _mm512_set1_ps(1); \
+        __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;                                      \
+        for (int v = 0; v < EXP_KEYS / 16; v += 2) {                                         \
+            const __m512 e0 = ex(_mm512_fmadd_ps(_mm512_load_ps(s + 16 * v), cv, nm));       \
+            const __m512 e1 = ex(_mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 16), cv, nm));  \
+            sum0 = (fma_sums) ? _mm512_fmadd_ps(e0, one, sum0) : _mm512_add_ps(sum0, e0);    \
+            sum1 = (fma_sums) ? _mm512_fmadd_ps(e1, one, sum1) : _mm512_add_ps(sum1, e1);    \
+            _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));            \
+        }                                                                                    \
+        return _mm512_add_ps(sum0, sum1);                                                    \
+    }
+EXP_ROW_VARIANT(exp_row_fma_sums, exp2_poly3, 1)
+EXP_ROW_VARIANT(exp_row_roundscale, exp_floor_roundscale, 0)
+EXP_ROW_VARIANT(exp_row_magic, exp_magic, 0)
+EXP_ROW_VARIANT(exp_row_fmas_only, exp_fmas_only, 0)
+
+static __attribute__((noinline)) __m512 exp_row_kernel(const float *s, uint16_t *p, float c,
+                                                       float m)
+{
+    return exp_row(s, p, EXP_KEYS / 16, EXP_KEYS, c, m, 0);
+}
+
+const char *sdpa__amx_exp_variant_name(int variant);
+const char *sdpa__amx_exp_variant_name(int variant)
+{
+    static const char *const names[] = {
+        "kernel: exp_row (VREDUCEPS, degree 3, VSCALEFPS; sums by add)",
+        "the same, sums by FMA (e 1 + sum)",
+        "floor by VRNDSCALEPS, f = x - n, VSCALEFPS",
+        "nearest n by a magic add, 2^n by an integer add (no -inf: not exact)",
+        "the FMAs alone for the exponential (no floor or 2^n; sums, bf16, store kept)"};
+    return variant >= 0 && variant < (int)(sizeof names / sizeof *names) ? names[variant] : NULL;
+}
+
+/* Thread CPU seconds of `iters` passes of variant v over the block. */
+double sdpa__amx_exp_variant_seconds(int variant, long long iters);
+double sdpa__amx_exp_variant_seconds(int variant, long long iters)
+{
+    __m512 (*const fn[])(const float *, uint16_t *, float, float) = {
+        exp_row_kernel, exp_row_fma_sums, exp_row_roundscale, exp_row_magic, exp_row_fmas_only};
+    static float s[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
+    static uint16_t p[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
+    for (int i = 0; i < EXP_ROWS * EXP_KEYS; i++) /* scores of a softmax that is not peaked */
+        s[i] = (float)((i * 7919) % 1000) * 0.01f;
+    __m512 acc = _mm512_setzero_ps();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (long long it = 0; it < iters; it++)
+        for (int r = 0; r < EXP_ROWS; r++)
+            acc = _mm512_add_ps(acc, fn[variant](s + r * EXP_KEYS, p + r * EXP_KEYS, 0.18f, 9.0f));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    volatile float sink = _mm512_reduce_add_ps(acc); /* the sums are used */
+    (void)sink;
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}

@@ -10,7 +10,8 @@
 #   3. sdpa bench, bf16: diffusion-cpu, smoke and padding-cpu (cpu.amx
 #      beside cpu.avx512, cpu.avx512bf16, cpu.avx2), smoke in f16;
 #   4. bench_amx_cost: what cpu.amx spends outside the tiles, in cycles per
-#      score (its kernel with the tile work compiled out, beside it);
+#      score (its kernel with the tile work compiled out, beside it), and
+#      the softmax's exponential alone (--softmax: that part's floor);
 #   5. bench/peers bf16 on diffusion-cpu (PyTorch, oneDNN), in the venv
 #      scripts/python-test.sh keeps (made here if missing);
 #   6. the FLUX-shaped diffusers transformer forward in bf16, libsdpa's
@@ -118,6 +119,7 @@ cost_suite=diffusion-cpu
 [ $quick = 1 ] && cost_suite=smoke
 step "cpu.amx outside the tiles ($cost_suite)" amx-cost build/bench_amx_cost --suite "$cost_suite" \
   --reps $((reps + 2))
+step "the softmax's exponential alone" amx-softmax build/bench_amx_cost --softmax --reps $((reps + 2))
 
 if [ $quick = 0 ]; then
   scripts/deps.sh
