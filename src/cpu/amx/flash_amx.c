@@ -285,12 +285,12 @@ static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *cons
  * keys of every slot before the next 32, so that neighbouring heads' rows
  * of a key (one page) are read one after another. One head's rows stride
  * Hkv D elements, a page or more apart; a slot at a time (512 keys a task)
- * the packing alone took 1.25x as long (CogVideoX's D = 64 row, Zen 4,
- * tile products skipped). Both orders wait on those rows' misses: about
- * 5 GB/s of K and V against a 20 GB/s stream on one core, where reading
- * the rows alone in this order ran at 11 GB/s and in address order at 20;
- * prefetching them (whole rows, or the next keys in address order) gained
- * nothing. */
+ * the packing alone took 1.2-1.3x as long (three long rows, Zen 4, in a
+ * build that skipped the products; not kept). Both orders wait on those
+ * rows' misses, about 5 GB/s of K and V on one core where a probe (not
+ * kept) read the rows alone in this order at 11 GB/s and in address order
+ * at 20; prefetching them (whole rows, the next keys in address order, or
+ * the next group's rows during the products) gained nothing. */
 static void pack_task(void *arg, int64_t task, int worker)
 {
     const amx_job *jb = arg;
