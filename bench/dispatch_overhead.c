@@ -9,8 +9,9 @@
  *   layer      sdpa_layer_forward: validation + the layer's cached decision
  *              + latch check
  *   one-shot   sdpa_forward: validation + the context's cached decision
- *   fresh      sdpa_forward under a scoped override: a full decision every
- *              call (overrides are never cached)
+ *   fresh      sdpa_forward under a scoped override: a decision every call
+ *              (overrides are never cached), lean since 2026-12-05: no
+ *              verdict string for the backends the override passes over
  * "layer - validate" is the dispatch overhead with a cached decision.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -109,7 +110,7 @@ int main(void)
     printf("dispatch overhead with a cached layer decision: %.1f ns per call\n", med[1] - med[0]);
     printf("dispatch overhead of a one-shot call (the context's cached decision): %.1f ns per "
            "call\n", med[2] - med[0]);
-    printf("dispatch overhead of a full decision (scoped override): %.1f ns per call\n",
+    printf("dispatch overhead of a fresh decision (scoped override): %.1f ns per call\n",
            med[3] - med[0]);
     sdpa_layer_destroy(layer);
     sdpa_context_destroy(ctx);

@@ -32,6 +32,16 @@ int sdpa__resolve_choice(const sdpa_context *ctx, const sdpa_call_desc *desc,
 sdpa_status sdpa__decide(sdpa_context *ctx, const sdpa_call_desc *desc, const sdpa_choice *fixed,
                          sdpa_decision *out, int *cand);
 
+/*
+ * sdpa__decide for a call about to run under a per-call or scoped choice
+ * (decided fresh on every call: decision_cache.h): the same candidates,
+ * status and error, without a verdict string for each backend the choice
+ * passed over. Those ten formatted strings were half of a one-token call
+ * (2.0 against 1.05 us, Zen 4); sdpa_explain still writes them.
+ */
+sdpa_status sdpa__decide_lean(sdpa_context *ctx, const sdpa_call_desc *desc, sdpa_decision *out,
+                              int *cand);
+
 /* Describes the call's shape class for log lines. */
 void sdpa__desc_string(const sdpa_call_desc *d, char *buf, size_t n);
 

@@ -173,7 +173,7 @@ static sdpa_status decide_and_run(sdpa_context *ctx, sdpa_layer *layer, const ch
 {
     sdpa_decision dec;
     int cand[SDPA_MAX_CANDIDATES];
-    sdpa_status st = sdpa__decide(ctx, &call->desc, NULL, &dec, cand);
+    sdpa_status st = sdpa__decide_lean(ctx, &call->desc, &dec, cand);
     if (st != SDPA_OK)
         return st;
     if (dec.status != SDPA_OK)
