@@ -45,6 +45,8 @@ typedef __m512 vec;
  * way) and the sum of the lanes, as a float */
 #define V_REDUCE_MAX(x) _mm512_reduce_max_ps(x)
 #define V_REDUCE_ADD(x) _mm512_reduce_add_ps(x)
+/* whether some lane of x is above m or NaN: one compare, no reduction */
+#define V_ANY_ABOVE(x, m) (_mm512_cmp_ps_mask((x), _mm512_set1_ps(m), _CMP_NLE_UQ) != 0)
 /* the first n < 16 lanes of p (the rest zero), and into p */
 #define V_LOAD_PART(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), (p))
 #define V_STORE_PART(p, x, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (x))
