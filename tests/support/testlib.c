@@ -133,7 +133,7 @@ static void apply_values(tl_problem *p)
 
 const char *tl_layout_name(tl_layout l)
 {
-    return l == TL_BSHD ? "bshd" : l == TL_BHSD ? "bhsd" : "strided";
+    return l == TL_BSHD ? "bshd" : l == TL_BHSD ? "bhsd" : l == TL_STRIDED ? "strided" : "strided-nan";
 }
 
 static void store(void *base, sdpa_dtype t, int64_t i, double x)
@@ -163,7 +163,7 @@ float tl_out_get(const sdpa_tensor *t, int64_t b, int64_t s, int64_t h, int64_t 
 }
 
 /*
- * Lays out a [B, S, H, D] tensor. TL_STRIDED is a view into a wider buffer
+ * Lays out a [B, S, H, D] tensor. TL_STRIDED (and _NAN) is a view into a wider buffer
  * shaped [B, S, H, D + 3] with the head dim padded and every other batch
  * of rows skipped in S: the view has non-unit strides in S and H and gaps
  * between rows, like a slice of a packed QKV buffer.
@@ -203,10 +203,17 @@ int tl_problem_make(tl_problem *p, const tl_case *c)
             return 0;
         p->qkv_bytes[i] = bytes;
         /* Fill everything, gaps included, with random values: a kernel that
-         * reads a gap gets a wrong answer rather than a lucky zero. */
+         * reads a gap gets a wrong answer rather than a lucky zero (with
+         * TL_STRIDED_NAN: NaN, then the view's elements random). */
+        const int nan_gaps = c->layout == TL_STRIDED_NAN;
         for (size_t e = 0; e < bytes / sdpa_dtype_size(dt); e++)
-            store(p->qkv_mem[i], dt, (int64_t)e, tl_uniform());
+            store(p->qkv_mem[i], dt, (int64_t)e, nan_gaps ? NAN : tl_uniform());
         *ts[i] = layout_tensor(p->qkv_mem[i], dt, c->B, S, H, c->D, c->layout, &bytes);
+        for (int64_t b = 0; nan_gaps && b < c->B; b++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < c->D; d++)
+                        put(ts[i], b, s, h, d, tl_uniform());
     }
     if (c->values != TL_UNIFORM)
         apply_values(p);

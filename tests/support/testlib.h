@@ -48,7 +48,10 @@ int tl_guard_intact(const void *p, size_t bytes);
 void tl_free_guarded(void *p);
 
 /* ---- an attention problem: q, k, v in some layout and dtype */
-typedef enum tl_layout { TL_BSHD, TL_BHSD, TL_STRIDED } tl_layout;
+/* TL_STRIDED_NAN: TL_STRIDED whose gaps hold NaN instead of random values,
+ * so that a kernel that reads past a row and multiplies what it read by
+ * zero fails too */
+typedef enum tl_layout { TL_BSHD, TL_BHSD, TL_STRIDED, TL_STRIDED_NAN } tl_layout;
 const char *tl_layout_name(tl_layout l);
 
 /* What the inputs hold beyond uniform [-1, 1) (tl_problem_make). */
