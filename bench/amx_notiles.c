@@ -33,6 +33,20 @@ static inline __m512 exp_floor_roundscale(__m512 x) /* floor by VRNDSCALEPS, f =
     return _mm512_scalef_ps(p, n);
 }
 
+/* floor by VRNDSCALEPS, f = x - n by an FMA (-inf gives NaN): on Zen 4 VREDUCEPS and
+ * VSCALEFPS each hold the FADD pipes two cycles per 16 lanes, VRNDSCALEPS one; this moves
+ * a cycle to the FMA pipes */
+static inline __m512 exp_floor_fma(__m512 x)
+{
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.0f), x);
+    __m512 p = _mm512_set1_ps(0.0770675838f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 static inline __m512 exp_magic(__m512 x) /* nearest n by a magic add, 2^n by an integer add: no -inf */
 {
     const __m512 magic = _mm512_set1_ps(12582912.0f), t = _mm512_add_ps(x, magic);
@@ -51,6 +65,24 @@ static inline __m512 exp_fmas_only(__m512 x) /* the polynomial's FMAs alone: not
     p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(0.227644399f));
     p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(0.695116937f));
     return _mm512_fmadd_ps(p, x, _mm512_set1_ps(1.0f));
+}
+
+/* 2^x from a 32-entry table: j = floor(32 x) mod 32 from the low bits of
+ * x + 1.5 2^18 rounded down, r = x - floor(32 x) / 32 (VREDUCEPS, 5
+ * fraction bits), 2^(j/32) (1 + a r) as T0[j] + T1[j] r (relative error
+ * 4.4e-5) by two VPERMT2PS and one FMA, VSCALEFPS by floor(x): one FMA
+ * instead of three, two shuffles more */
+static float exp_t32_t0[32], exp_t32_t1[32]; /* filled by sdpa__amx_exp_variant_seconds */
+static inline __m512 exp_t32(__m512 x)
+{
+    const __m512i j = _mm512_castps_si512(_mm512_add_round_ps(
+        x, _mm512_set1_ps(393216.0f), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m512 r = _mm512_reduce_ps(x, (5 << 4) | _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 a = _mm512_permutex2var_ps(_mm512_loadu_ps(exp_t32_t0), j,
+                                            _mm512_loadu_ps(exp_t32_t0 + 16));
+    const __m512 b = _mm512_permutex2var_ps(_mm512_loadu_ps(exp_t32_t1), j,
+                                            _mm512_loadu_ps(exp_t32_t1 + 16));
+    return _mm512_scalef_ps(_mm512_fmadd_ps(b, r, a), x);
 }
 
 /* exp_row's loop with `ex` for the exponential and the sums by FMA or add */
@@ -73,6 +105,8 @@ EXP_ROW_VARIANT(exp_row_fma_sums, exp2_poly3, 1)
 EXP_ROW_VARIANT(exp_row_roundscale, exp_floor_roundscale, 0)
 EXP_ROW_VARIANT(exp_row_magic, exp_magic, 0)
 EXP_ROW_VARIANT(exp_row_fmas_only, exp_fmas_only, 0)
+EXP_ROW_VARIANT(exp_row_floor_fma, exp_floor_fma, 0)
+EXP_ROW_VARIANT(exp_row_t32, exp_t32, 0)
 
 static __attribute__((noinline)) __m512 exp_row_kernel(const float *s, uint16_t *p, float c,
                                                        float m)
@@ -88,7 +122,9 @@ const char *sdpa__amx_exp_variant_name(int variant)
         "the same, sums by FMA (e 1 + sum)",
         "floor by VRNDSCALEPS, f = x - n, VSCALEFPS",
         "nearest n by a magic add, 2^n by an integer add (no -inf: not exact)",
-        "the FMAs alone for the exponential (no floor or 2^n; sums, bf16, store kept)"};
+        "the FMAs alone for the exponential (no floor or 2^n; sums, bf16, store kept)",
+        "floor by VRNDSCALEPS, f = x - n by an FMA, VSCALEFPS (-inf gives NaN)",
+        "32-entry table by VPERMT2PS, degree 1 per entry (T0 + T1 r), VSCALEFPS"};
     return variant >= 0 && variant < (int)(sizeof names / sizeof *names) ? names[variant] : NULL;
 }
 
@@ -97,9 +133,12 @@ double sdpa__amx_exp_variant_seconds(int variant, long long iters);
 double sdpa__amx_exp_variant_seconds(int variant, long long iters)
 {
     __m512 (*const fn[])(const float *, uint16_t *, float, float) = {
-        exp_row_kernel, exp_row_fma_sums, exp_row_roundscale, exp_row_magic, exp_row_fmas_only};
+        exp_row_kernel,    exp_row_fma_sums,  exp_row_roundscale, exp_row_magic,
+        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32};
     static float s[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     static uint16_t p[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
+    for (int j = 0; j < 32; j++) /* 0.699396: (1 + a r) / 2^r closest to 1 on [0, 1/32) */
+        exp_t32_t0[j] = (float)exp2(j / 32.0), exp_t32_t1[j] = (float)(exp2(j / 32.0) * 0.699396);
     for (int i = 0; i < EXP_ROWS * EXP_KEYS; i++) /* scores of a softmax that is not peaked */
         s[i] = (float)((i * 7919) % 1000) * 0.01f;
     __m512 acc = _mm512_setzero_ps();
