@@ -325,8 +325,9 @@ static void grid(const char *backend)
         check_case(backend, &b);
         b.c.causal = SDPA_CAUSAL_TOP_LEFT, b.c.layout = TL_BHSD, b.c.dtype = SDPA_BF16;
         check_case(backend, &b);
-        b = mk(1, 40, 300, 2, 1, dims[i]); /* several key chunks, grouped-query */
-        b.c.layout = TL_STRIDED, b.c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
+        /* several key chunks, grouped-query; NaN after every row's D elements */
+        b = mk(1, 40, 300, 2, 1, dims[i]);
+        b.c.layout = TL_STRIDED_NAN, b.c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
         check_case(backend, &b);
     }
     static const int64_t seqs[] = {1, 17, 130};

@@ -299,9 +299,10 @@ static void grid(const char *backend)
         c.causal = SDPA_CAUSAL_TOP_LEFT, c.layout = TL_BHSD, c.dtype = SDPA_BF16;
         check_case(backend, &c);
         /* past the tiled kernels' short-key path (flash_tiled.h SHORT_KEYS):
-         * key blocks with a running softmax */
+         * key blocks with a running softmax; NaN after every row's D
+         * elements (packing reads no further) */
         c = mk(1, 50, 600, 2, 1, dims[i]);
-        c.layout = TL_STRIDED, c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
+        c.layout = TL_STRIDED_NAN, c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
         check_case(backend, &c);
     }
     static const int64_t seqs[] = {1, 17, 129};
