@@ -320,7 +320,7 @@ static void maps(void)
         /* self attention, GQA, lengths not whole blocks, several map blocks */
         for (int causal = 0; causal <= 2; causal++) {
             tl_case c = {2, 300, 300, 4, 2, 64, dtypes[(si + causal) % 3], SDPA_F32,
-                         (sdpa_causal)causal, si % 2 ? TL_STRIDED : TL_BSHD, 1,
+                         (sdpa_causal)causal, si % 2 ? TL_STRIDED_NAN : TL_BSHD, 1,
                          si == 2 ? TL_PEAKED : TL_UNIFORM, 0, 0};
             test_map t;
             extras x = {{0}, {0}, 0, NULL};
