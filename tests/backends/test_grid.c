@@ -380,6 +380,15 @@ static void grid(const char *backend)
         c = mk(1, 64, 600, 2, 2, 64);
         c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
         check_case(backend, &c);
+        /* and the few-query path's rows side by side (8 and 4 rows per KV
+         * head), whose test for a moved max must not miss one: P against
+         * the old max would overflow */
+        c = mk(1, 1, 600, 8, 1, 64);
+        c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
+        check_case(backend, &c);
+        c = mk(1, 2, 600, 4, 2, 64);
+        c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
+        check_case(backend, &c);
     }
     /* A handful of keys (the tiled kernels' rows path, flash_rows.h): the
      * 26-token grouped-query shape, strided, peaked, and non-finite values. */
