@@ -133,7 +133,10 @@ static void apply_values(tl_problem *p)
 
 const char *tl_layout_name(tl_layout l)
 {
-    return l == TL_BSHD ? "bshd" : l == TL_BHSD ? "bhsd" : l == TL_STRIDED ? "strided" : "strided-nan";
+    return l == TL_BSHD      ? "bshd"
+           : l == TL_BHSD    ? "bhsd"
+           : l == TL_STRIDED ? "strided"
+                             : "strided-nan";
 }
 
 static void store(void *base, sdpa_dtype t, int64_t i, double x)
