@@ -604,9 +604,11 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
     const int unit = c->k->stride[3] == 1 && c->v->stride[3] == 1;
     const int f32_rows = kv == KV_F32 && unit && c->k->dtype == SDPA_F32 &&
                          c->v->dtype == SDPA_F32;
+    const int in_place_rows = kv != KV_F32 || f32_rows; /* else converted into kst, vst */
     /* decode_block_rows's prefetches: rows with unit stride only (a row
-     * is then D elements of memory) */
-    const void *vpf[VL], *kpf[VL];
+     * is then D elements of memory); this block's V rows are vrow itself
+     * (converted rows were read by their conversion: only K's next ones) */
+    const void *kpf[VL];
     const int fetch = DECODE_SHARED && nr > 1 && unit;
 #if DECODE_SHARED
     decode_block_fn *const block = nr > 1 ? decode_block_for(nr, kv, jb->pairs) : NULL;
@@ -618,12 +620,9 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
              * keys' first head */
             const int64_t nj = hk + 1 < hk1 ? j0 : j0 + VL, nh = hk + 1 < hk1 ? hk + 1 : hk0;
             const int nn = (int)(kmax - nj < VL ? kmax - nj : VL);
-            if (fetch) {
-                decode_rows(c->v, b, j0, nk, hk, vpf);
-                if (nn > 0)
-                    decode_rows(c->k, b, nj, nn, nh, kpf);
-            }
-            if (kv != KV_F32 || f32_rows) { /* past the keys: lanes computed on, then hidden */
+            if (fetch && nn > 0)
+                decode_rows(c->k, b, nj, nn, nh, kpf);
+            if (in_place_rows) { /* past the keys: lanes computed on, then hidden */
                 decode_rows(c->k, b, j0, nk, hk, krow);
                 decode_rows(c->v, b, j0, nk, hk, vrow);
             } else {
@@ -637,8 +636,9 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
             const int sl0 = (int)(hk - hk0) * nr;
 #if DECODE_SHARED
             if (block) { /* 2-8 rows side by side */
-                block(jb, b, hk, j0, limit, q + sl0 * Dp, krow, vrow, fetch ? vpf : NULL,
-                      fetch && nn > 0 ? kpf : NULL, o + sl0 * Dp, m + sl0, l + sl0);
+                block(jb, b, hk, j0, limit, q + sl0 * Dp, krow, vrow,
+                      fetch && in_place_rows ? vrow : NULL, fetch && nn > 0 ? kpf : NULL,
+                      o + sl0 * Dp, m + sl0, l + sl0);
                 continue;
             }
 #endif
