@@ -319,7 +319,9 @@ decode_softmax_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, i
          * registers here; its call (every vector register saved around
          * it) was a sixth of a hot bf16 step. The rest goes to it. */
         if (plain && seen == VL && m[r] > -INFINITY) {
-#ifdef V_ANY_ABOVE /* one compare for the reduction: 3% of a hot bf16 step, Zen 4 */
+#ifdef V_ANY_ABOVE /* one compare for a reduction: with decode_block_pairs's zeroing,
+                    * 0.93-0.94x a hot bf16 step of 8 rows per KV head (Zen 4,
+                    * bench/results/2026-12-05-decode-softmax-compare-ab-zen4.txt) */
             if (!V_ANY_ABOVE(acc[r], m[r])) { /* NaN: not here */
 #else
             const float bmax = V_REDUCE_MAX(acc[r]);
@@ -479,7 +481,7 @@ decode_block_pairs(const decode_job *jb, int64_t b, int64_t hk, const int nr, in
 {
     const int64_t D = jb->c->desc.D, Dp = jb->Dp;
     vec acc[DECODE_ROWS];
-V_UNROLL_WHOLE /* else GCC zeroes the array by REP STOSQ: 3% of a hot step, Zen 4 */
+V_UNROLL_WHOLE /* else GCC zeroes the array by REP STOSQ at every block */
     for (int r = 0; r < nr; r++)
         acc[r] = V_ZERO();
     for (int64_t d = 0; d < D; d += DECODE_PAIR_DIMS) {
