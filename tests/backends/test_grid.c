@@ -425,22 +425,23 @@ static void grid(const char *backend)
         c = mk(2, 4, 333, 8, 8, 64);
         c.values = TL_PEAKED, c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         check_case(backend, &c);
-        /* bf16 with 2-8 rows per KV head, each count (cpu.avx512bf16 pads
-         * 3 to 4 rows and 5-7 to 8, with 8, 4 or 2 pairs of a row side by
-         * side), key blocks with a tail, head dims whose last pairs are
-         * partial for every width, odd ones included, read from rows
+        /* f32 and bf16 with 2-8 rows per KV head, each count (the shared
+         * pass of every AVX-512 build; cpu.avx512bf16's pair products in
+         * bf16), key blocks with a tail, head dims whose last vector or
+         * pair step is partial (33, 100, 102, 72, 8, 47), read from rows
          * with NaN after them (never read: 0 x NaN); causal with two
          * queries, so that rows see different keys of a block */
-        for (int nr = 2; nr <= 8; nr++) {
-            static const int64_t head_dims[] = {33, 100, 128, 72, 47, 256, 8};
-            const int sq = nr % 2 == 0 && nr > 2 ? 2 : 1;
-            c = mk(1, sq, 100 + 37 * nr, 2 * nr / sq, 2, head_dims[nr - 2]);
-            c.dtype = SDPA_BF16, c.out_dtype = nr % 2 ? SDPA_F32 : SDPA_BF16;
-            c.causal = sq > 1 ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE;
-            c.values = nr % 3 == 0 ? TL_PEAKED : TL_UNIFORM;
-            c.layout = TL_STRIDED_NAN;
-            check_case(backend, &c);
-        }
+        for (int nr = 2; nr <= 8; nr++)
+            for (int in = 0; in < SDPA_DTYPE_COUNT; in += 2) { /* f32, bf16 */
+                static const int64_t head_dims[] = {33, 100, 102, 72, 8, 256, 47};
+                const int sq = nr % 2 == 0 && nr > 2 ? 2 : 1;
+                c = mk(1, sq, 100 + 37 * nr, 2 * nr / sq, 2, head_dims[nr - 2]);
+                c.dtype = (sdpa_dtype)in, c.out_dtype = nr % 2 ? SDPA_F32 : SDPA_BF16;
+                c.causal = sq > 1 ? SDPA_CAUSAL_BOTTOM_RIGHT : SDPA_CAUSAL_NONE;
+                c.values = nr % 3 == 0 ? TL_PEAKED : TL_UNIFORM;
+                c.layout = TL_STRIDED_NAN;
+                check_case(backend, &c);
+            }
         nonfinite_cases(backend, mk(1, 2, 600, 4, 2, 64));
         /* one row per KV head, bf16 and f16 K and V read in place, a head
          * dim whose last part is 2 elements for 4, 8 and 16 lanes (the
