@@ -187,13 +187,12 @@ static sdpa_status decide(sdpa_context *ctx, const sdpa_call_desc *d, const sdpa
         out->source = SDPA_SOURCE_EXPLICIT, out->n_candidates = 0, out->status = SDPA_OK;
         out->source_detail[0] = out->rule[0] = out->rule_origin[0] = out->evidence[0] =
             out->rule_class[0] = out->error[0] = '\0';
-        for (int i = 0; i < ctx->n_backends; i++)
-            out->backends[i].reason[0] = '\0';
     } else {
         memset(out, 0, sizeof *out);
     }
     out->n_backends = ctx->n_backends;
     for (int i = 0; i < ctx->n_backends; i++) {
+        out->backends[i].reason[0] = '\0'; /* lean: not cleared above */
         out->backends[i].name = ctx->backends[i]->name;
         out->backends[i].candidate = -1;
         out->backends[i].present = ctx->present[i];

@@ -376,20 +376,17 @@ static void grid(const char *backend)
      * than cpu.amx's lazy 2^8 between key blocks, so a P computed against
      * the old max would overflow unless the row is redone with its max
      * (the online softmax is exact against any max that does not). */
-    for (int in = 0; in < SDPA_DTYPE_COUNT; in += 2) {
-        c = mk(1, 64, 600, 2, 2, 64);
-        c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
-        check_case(backend, &c);
-        /* and the few-query path's rows side by side (8 and 4 rows per KV
-         * head), whose test for a moved max must not miss one: P against
-         * the old max would overflow */
-        c = mk(1, 1, 600, 8, 1, 64);
-        c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
-        check_case(backend, &c);
-        c = mk(1, 2, 600, 4, 2, 64);
-        c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
-        check_case(backend, &c);
-    }
+    /* The same for the few-query path's rows side by side (8 and 4 rows
+     * per KV head), whose test for a moved max must not miss one. */
+    static const int64_t large_scale[][6] = {
+        {1, 64, 600, 2, 2, 64}, {1, 1, 600, 8, 1, 64}, {1, 2, 600, 4, 2, 64}};
+    for (int in = 0; in < SDPA_DTYPE_COUNT; in += 2)
+        for (size_t i = 0; i < sizeof large_scale / sizeof *large_scale; i++) {
+            const int64_t *x = large_scale[i];
+            c = mk(x[0], x[1], x[2], x[3], x[4], x[5]);
+            c.values = TL_PEAKED, c.scale = 4.0, c.dtype = (sdpa_dtype)in;
+            check_case(backend, &c);
+        }
     /* A handful of keys (the tiled kernels' rows path, flash_rows.h): the
      * 26-token grouped-query shape, strided, peaked, and non-finite values. */
     c = mk(1, 26, 26, 16, 2, 128);
