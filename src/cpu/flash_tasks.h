@@ -165,4 +165,24 @@ static inline void flash_prefetch_rows(const sdpa_tensor *t, const flash_task *t
     }
 }
 
+/* Touches the rows of keys p .. p + n that a task reads (flash_key) of K
+ * or V (t) at its KV head, share `part` of `parts` of them, into L2 (the
+ * block being used stays in L1): the packing of the next K/V block, asked
+ * for while the current one is in use (flash_tiled.h's task_fn). */
+static inline void flash_prefetch_keys(const sdpa_tensor *t, const flash_task *tk,
+                                       const int64_t *keys, int64_t p, int n, int64_t D, int part,
+                                       int parts)
+{
+    if (t->stride[3] != 1)
+        return;
+    const int64_t esz = (int64_t)sdpa_dtype_size(t->dtype), bytes = D * esz;
+    const int j0 = n * part / parts, j1 = n * (part + 1) / parts;
+    for (int j = j0; j < j1; j++) {
+        const char *r = (const char *)t->data +
+                        sdpa__offset(t, tk->b, flash_key(keys, p + j), tk->hk, 0) * esz;
+        for (int64_t o = 0; o < bytes; o += 64)
+            __builtin_prefetch(r + o, 0, 2);
+    }
+}
+
 #endif

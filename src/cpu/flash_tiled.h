@@ -665,23 +665,38 @@ static void task_fn(void *arg, int64_t task, int worker)
     const workspace *w = &jb->ws[worker];
     const flash_task tk = flash_task_make(c, &jb->split, BQ, task);
     const int64_t D = c->desc.D;
-    for (int q = 0; q < tk.nqb; q++) {
-        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
-        load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
-        memset(w->qb[q].ot, 0, sizeof(float) * (size_t)D * BQ);
-    }
     /* Masks (sdpa.h): flash_task_make bounded the keys by the real
      * lengths, a key mask leaves only the visible keys to pack (keys[p] is
      * the p-th), a general mask is read per tile. */
     const int64_t nk = flash_task_keys(c, &tk, w->keys);
     const int64_t *keys = c->mask && c->mask->key ? w->keys : NULL;
+    /* K/V rows are asked for one block ahead (into L2): the first block
+     * while Q is loaded, the next one a share per query block while this
+     * one is used. One head's rows are Hkv D elements apart in [B, S, H, D]
+     * (12 KiB with 24 heads of 128), beyond what the hardware prefetchers
+     * follow, so the packing copy waited on each row (memmove was 13-18%
+     * of a long f32 row's profile). Asked for ahead, long f32 rows took
+     * 0.90-0.98x the time on cpu.avx512 and cpu.avx2, bf16 ones
+     * 0.93-1.03x (Zen 4, bench/results/2026-12-05-kv-prefetch-ab-zen4.txt). */
+    flash_prefetch_keys(c->k, &tk, keys, 0, nk < BK ? (int)nk : BK, D, 0, 1);
+    flash_prefetch_keys(c->v, &tk, keys, 0, nk < BK ? (int)nk : BK, D, 0, 1);
+    for (int q = 0; q < tk.nqb; q++) {
+        const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+        load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
+        memset(w->qb[q].ot, 0, sizeof(float) * (size_t)D * BQ);
+    }
     for (int64_t p0 = 0; p0 < nk; p0 += BK) {
         const int bk = (int)(nk - p0 < BK ? nk - p0 : BK);
         const int64_t k_first = flash_key(keys, p0);
         const kv_tile kt = load_kv(c, w, &tk, keys, p0, bk, 0);
+        const int nbk = (int)(nk - p0 - BK < BK ? nk - p0 - BK : BK); /* the next block */
         for (int q = 0; q < tk.nqb; q++) {
             const qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
+            if (nbk > 0) {
+                flash_prefetch_keys(c->k, &tk, keys, p0 + BK, nbk, D, q, tk.nqb);
+                flash_prefetch_keys(c->v, &tk, keys, p0 + BK, nbk, D, q, tk.nqb);
+            }
             if (tk.causal && k_first > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
             const int qv = (flash_block_rows(jb->split.rows, i0, BQ) + VL - 1) / VL;
