@@ -144,10 +144,15 @@ static int sparse_bits_any(const sdpa_block_map *m, int64_t row, int64_t n, int6
     return 0;
 }
 
-/* Keys j0 .. j0 + bk, for every resident query block of the task. */
+/* Keys j0 .. j0 + bk, for every resident query block of the task; the
+ * rows of the block visited next (keys nj0 .. nj0 + nbk; nbk 0: none)
+ * are asked for a share per query block meanwhile, as task_fn does: with
+ * 12 heads in [B, S, H, D] sparse calls took 0.90-0.96x the time in f32,
+ * 0.92-0.98x in bf16, one head level (Zen 4, bench/results/
+ * 2026-12-05-sparse-kv-prefetch-ab-zen4.txt). */
 static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task *tk,
                         int64_t off, int64_t i_map, int64_t i_end, int64_t j0, int bk, int64_t row,
-                        int64_t n)
+                        int64_t n, int64_t nj0, int nbk)
 {
     const sdpa_mask *mk = c->mask;
     const int64_t D = c->desc.D;
@@ -155,6 +160,10 @@ static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task
     for (int q = 0; q < tk->nqb; q++) {
         const qblock *qb = &w->qb[q];
         const int64_t i0 = i_map + (int64_t)q * BQ;
+        if (nbk > 0) {
+            flash_prefetch_keys(c->k, tk, NULL, nj0, nbk, D, q, tk->nqb);
+            flash_prefetch_keys(c->v, tk, NULL, nj0, nbk, D, q, tk->nqb);
+        }
         const int rows = flash_block_rows(i_end, i0, BQ);
         const int64_t i_last = i0 + rows - 1;
         if (tk->causal && j0 > i_last + tk->offset)
@@ -218,6 +227,40 @@ static void sparse_key_range(const sdpa_call *c, const flash_task *tk, int64_t i
     *k_hi = hi < INT64_MAX && hi + 1 < *k_hi ? hi + 1 : *k_hi;
 }
 
+/* The key blocks a task visits, in ascending key order: SPARSE_BQ keys at
+ * a time over [k_lo, k_hi) for a window without a map, else the map row's
+ * FULL and PARTIAL lists merged, each block cut to [k_lo, k_hi) (a block
+ * cut to nothing is passed over). */
+typedef struct sparse_walk {
+    const sdpa_block_map *m;
+    int64_t k_lo, k_hi, j;     /* j: the next window block's first key */
+    const int32_t *f, *p;      /* the map row's lists, nf and np long  */
+    int32_t nf, np, x, y;
+} sparse_walk;
+
+/* The next block: keys [*j0, *j1), *n its PARTIAL entry (-1: FULL or no
+ * map); returns 0 when there is none. */
+static int sparse_walk_next(sparse_walk *it, int64_t *j0, int64_t *j1, int64_t *n)
+{
+    if (!it->m) {
+        if (it->j >= it->k_hi)
+            return 0;
+        *j0 = it->j, *j1 = it->j + SPARSE_BQ < it->k_hi ? it->j + SPARSE_BQ : it->k_hi, *n = -1;
+        it->j = *j1;
+        return 1;
+    }
+    while (it->x < it->nf || it->y < it->np) {
+        const int partial = it->x >= it->nf || (it->y < it->np && it->p[it->y] < it->f[it->x]);
+        const int64_t kb = partial ? it->p[it->y] : it->f[it->x];
+        *n = partial ? it->y++ : (it->x++, -1);
+        *j0 = kb * it->m->block_kv > it->k_lo ? kb * it->m->block_kv : it->k_lo;
+        *j1 = (kb + 1) * it->m->block_kv < it->k_hi ? (kb + 1) * it->m->block_kv : it->k_hi;
+        if (*j0 < *j1) /* j0 moved: the window's start inside the block; bits stay by key */
+            return 1;
+    }
+    return 0;
+}
+
 static void sparse_task_fn(void *arg, int64_t slot, int worker)
 {
     const sparse_job *jb = arg;
@@ -226,35 +269,35 @@ static void sparse_task_fn(void *arg, int64_t slot, int worker)
     int64_t i_end;
     const flash_task tk = sparse_task_make(jb, jb->order[slot], &i_end);
     const int64_t D = c->desc.D, i_map = tk.i_first;
+    int64_t off;
+    sparse_walk it = {c->mask->blocks, 0, 0, 0, NULL, NULL, 0, 0, 0, 0};
+    sparse_key_range(c, &tk, i_end, &off, &it.k_lo, &it.k_hi);
+    it.j = it.k_lo;
+    int64_t row = -1;
+    if (it.m) {
+        row = sdpa__map_row(it.m, tk.b, tk.h, i_map / it.m->block_q);
+        it.nf = it.m->full_count ? it.m->full_count[row] : 0;
+        it.np = it.m->partial_count ? it.m->partial_count[row] : 0;
+        it.f = it.nf ? it.m->full_index + row * it.m->index_stride : NULL;
+        it.p = it.np ? it.m->partial_index + row * it.m->index_stride : NULL;
+    }
+    int64_t j0, j1, n;
+    int more = sparse_walk_next(&it, &j0, &j1, &n);
+    if (more) { /* the first block's rows while Q is loaded */
+        flash_prefetch_keys(c->k, &tk, NULL, j0, (int)(j1 - j0), D, 0, 1);
+        flash_prefetch_keys(c->v, &tk, NULL, j0, (int)(j1 - j0), D, 0, 1);
+    }
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = i_map + (int64_t)q * BQ;
         load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(i_end, i0, BQ));
         memset(w->qb[q].ot, 0, sizeof(float) * (size_t)D * BQ);
     }
-    int64_t off, k_lo, k_hi;
-    sparse_key_range(c, &tk, i_end, &off, &k_lo, &k_hi);
-    const sdpa_block_map *m = c->mask->blocks;
-    if (!m) {
-        for (int64_t j0 = k_lo; j0 < k_hi; j0 += SPARSE_BQ)
-            sparse_keys(c, w, &tk, off, i_map, i_end, j0,
-                        (int)(k_hi - j0 < SPARSE_BQ ? k_hi - j0 : SPARSE_BQ), -1, -1);
-    } else {
-        /* the two lists merged in ascending key order */
-        const int64_t row = sdpa__map_row(m, tk.b, tk.h, i_map / m->block_q);
-        const int32_t nf = m->full_count ? m->full_count[row] : 0;
-        const int32_t np = m->partial_count ? m->partial_count[row] : 0;
-        const int32_t *f = nf ? m->full_index + row * m->index_stride : NULL;
-        const int32_t *p = np ? m->partial_index + row * m->index_stride : NULL;
-        for (int32_t x = 0, y = 0; x < nf || y < np;) {
-            const int partial = x >= nf || (y < np && p[y] < f[x]);
-            const int64_t kb = partial ? p[y] : f[x];
-            const int64_t n = partial ? y++ : (x++, -1);
-            int64_t j0 = kb * m->block_kv, j1 = j0 + m->block_kv;
-            j0 = j0 > k_lo ? j0 : k_lo;
-            j1 = j1 < k_hi ? j1 : k_hi;
-            if (j0 < j1) /* j0 moved: the window's start inside the block; bits stay by key */
-                sparse_keys(c, w, &tk, off, i_map, i_end, j0, (int)(j1 - j0), row, n);
-        }
+    while (more) {
+        int64_t nj0 = 0, nj1 = 0, nn = -1;
+        const int next = sparse_walk_next(&it, &nj0, &nj1, &nn);
+        sparse_keys(c, w, &tk, off, i_map, i_end, j0, (int)(j1 - j0), it.m ? row : -1, n, nj0,
+                    next ? (int)(nj1 - nj0) : 0);
+        j0 = nj0, j1 = nj1, n = nn, more = next;
     }
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = i_map + (int64_t)q * BQ;
