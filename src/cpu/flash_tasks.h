@@ -166,9 +166,10 @@ static inline void flash_prefetch_rows(const sdpa_tensor *t, const flash_task *t
 }
 
 /* Touches the rows of keys p .. p + n that a task reads (flash_key) of K
- * or V (t) at its KV head, share `part` of `parts` of them, into L2 (the
- * block being used stays in L1): the packing of the next K/V block, asked
- * for while the current one is in use (flash_tiled.h's task_fn). */
+ * or V (t) at its KV head, share `part` of `parts` of them, with the T1
+ * hint (L2, where the CPU honours it: the block in use stays in L1): the
+ * next K/V block's rows, asked for while the current one is in use
+ * (flash_tiled.h's task_fn, flash_sparse.h's sparse_keys). */
 static inline void flash_prefetch_keys(const sdpa_tensor *t, const flash_task *tk,
                                        const int64_t *keys, int64_t p, int n, int64_t D, int part,
                                        int parts)
