@@ -21,6 +21,7 @@
 #include <time.h>
 
 enum { EXP_ROWS = 32, EXP_KEYS = 256 };
+static const float *exp_rows_base; /* the scores' first row: exp_rows2_kernel's pairs */
 
 static inline __m512 exp_floor_roundscale(__m512 x) /* floor by VRNDSCALEPS, f = x - n */
 {
@@ -114,6 +115,18 @@ static __attribute__((noinline)) __m512 exp_row_kernel(const float *s, uint16_t 
     return exp_row(s, p, EXP_KEYS / 16, EXP_KEYS, c, m, 0);
 }
 
+/* The kernel's exp_rows2 (the rows past their first block, two at a
+ * time): rows r and r + 1 where r is even, nothing for odd r. */
+static __attribute__((noinline)) __m512 exp_rows2_kernel(const float *s, uint16_t *p, float c,
+                                                         float m)
+{
+    if ((s - exp_rows_base) / EXP_KEYS % 2)
+        return _mm512_setzero_ps();
+    __m512 a, b;
+    exp_rows2(s, p, EXP_KEYS, EXP_KEYS / 16, c, m, m, &a, &b);
+    return _mm512_add_ps(a, b);
+}
+
 const char *sdpa__amx_exp_variant_name(int variant);
 const char *sdpa__amx_exp_variant_name(int variant)
 {
@@ -124,7 +137,8 @@ const char *sdpa__amx_exp_variant_name(int variant)
         "nearest n by a magic add, 2^n by an integer add (no -inf: not exact)",
         "the FMAs alone for the exponential (no floor or 2^n; sums, bf16, store kept)",
         "floor by VRNDSCALEPS, f = x - n by an FMA, VSCALEFPS (-inf gives NaN)",
-        "32-entry table by VPERMT2PS, degree 1 per entry (T0 + T1 r), VSCALEFPS"};
+        "32-entry table by VPERMT2PS, degree 1 per entry (T0 + T1 r), VSCALEFPS",
+        "kernel: exp_rows2 (two rows a loop, software-pipelined, sums by FMA)"};
     return variant >= 0 && variant < (int)(sizeof names / sizeof *names) ? names[variant] : NULL;
 }
 
@@ -134,11 +148,12 @@ double sdpa__amx_exp_variant_seconds(int variant, long long iters)
 {
     __m512 (*const fn[])(const float *, uint16_t *, float, float) = {
         exp_row_kernel,    exp_row_fma_sums,  exp_row_roundscale, exp_row_magic,
-        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32};
+        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32, exp_rows2_kernel};
     static float s[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     static uint16_t p[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     for (int j = 0; j < 32; j++) /* 0.699396: (1 + a r) / 2^r closest to 1 on [0, 1/32) */
         exp_t32_t0[j] = (float)exp2(j / 32.0), exp_t32_t1[j] = (float)(exp2(j / 32.0) * 0.699396);
+    exp_rows_base = s;
     for (int i = 0; i < EXP_ROWS * EXP_KEYS; i++) /* scores of a softmax that is not peaked */
         s[i] = (float)((i * 7919) % 1000) * 0.01f;
     __m512 acc = _mm512_setzero_ps();

@@ -9,3 +9,43 @@
 #define AMX_RUN_SYMBOL sdpa__cpu_amx_emulated_run
 #define AMX_HELD_SYMBOL sdpa__cpu_amx_emulated_threads_holding_tiles
 #include "cpu/amx/flash_amx.c"
+
+#include "amx_emulated.h"
+
+#include <string.h>
+
+/*
+ * exp_rows2 against exp_row: per row the same operations in another order
+ * (two rows a loop, a step apart; sums by FMA, e 1 + s, which rounds as
+ * e + s does), so P and the sums must agree bit for bit. The grid alone
+ * does not see a P that is wrong on a few keys of a long row: its bound
+ * for bf16 P is 2^-8 max |v|, and a mutant that left the last 32 keys of
+ * every such block with the P of the 32 before passed all of it.
+ */
+int sdpa__cpu_amx_emulated_rows2_mismatches(double (*uniform)(void))
+{
+    enum { KEYS = 256 };
+    static const int nvs[] = {2, 4, 6, 16}; /* one step, two, three, a long block */
+    float s[2 * KEYS] __attribute__((aligned(64)));
+    uint16_t p_rows2[2 * KEYS] __attribute__((aligned(64)));
+    uint16_t p_row[2 * KEYS] __attribute__((aligned(64)));
+    float sum_rows2[2][16], sum_row[2][16];
+    int bad = 0;
+    for (size_t t = 0; t < sizeof nvs / sizeof *nvs; t++) {
+        const int nv = nvs[t];
+        const float c = 0.18f * LOG2E * (float)(1.5 + uniform());
+        const float m0 = (float)(4 * uniform()), m1 = (float)(40 * uniform());
+        for (int i = 0; i < 2 * KEYS; i++) /* c s - m from about -40 up to P_LIMIT's 2^8 */
+            s[i] = ((float)(24 * uniform()) - 16 + (i < KEYS ? m0 : m1)) / c;
+        __m512 a, b;
+        exp_rows2(s, p_rows2, KEYS, nv, c, m0, m1, &a, &b);
+        _mm512_storeu_ps(sum_rows2[0], a);
+        _mm512_storeu_ps(sum_rows2[1], b);
+        _mm512_storeu_ps(sum_row[0], exp_row(s, p_row, nv, 16 * nv, c, m0, 0));
+        _mm512_storeu_ps(sum_row[1], exp_row(s + KEYS, p_row + KEYS, nv, 16 * nv, c, m1, 0));
+        for (int r = 0; r < 2; r++)
+            bad += memcmp(p_rows2 + r * KEYS, p_row + r * KEYS, 32u * (unsigned)nv) != 0 ||
+                   memcmp(sum_rows2[r], sum_row[r], sizeof sum_row[r]) != 0;
+    }
+    return bad;
+}

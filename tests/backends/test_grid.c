@@ -563,6 +563,16 @@ static void tile_release_check(void)
           sdpa__cpu_amx_emulated_threads_holding_tiles());
     tl_output_free(&o), tl_problem_free(&p);
 }
+
+/* The two-row exponential against the one-row one, bit for bit (see
+ * amx_emulated.c: the grid's bounds cannot see a few wrong P). */
+static void rows2_check(void)
+{
+    if (!(sdpa_context_platform(ctx2)->cpu_features & SDPA_CPU_AVX512BF16))
+        return;
+    const int bad = sdpa__cpu_amx_emulated_rows2_mismatches(tl_uniform);
+    CHECK(bad == 0, "cpu.amx exp_rows2: %d of 8 rows differ from exp_row's P or sum", bad);
+}
 #endif
 
 int main(int argc, char **argv)
@@ -595,6 +605,7 @@ int main(int argc, char **argv)
 #endif
 #ifdef SDPA_TEST_AMX_EMULATED
     tile_release_check();
+    rows2_check();
 #endif
     if (argc > 1) {
         for (int i = 1; i < argc; i++)

@@ -493,15 +493,26 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
  * 2^f (relative error 8.6e-5, below bf16's 2^-9; its constant term is 1, so
  * 2^0 = 1 exactly and a softmax with one winner gives its V row exactly),
  * VSCALEFPS multiplies by 2^floor(x). -inf gives exactly 0 (f = 0, scaled
- * by 2^-inf), NaN stays NaN, x below -150 underflows to 0. */
-static inline __m512 exp2_poly3(__m512 x)
+ * by 2^-inf), NaN stays NaN, x below -150 underflows to 0. Its two
+ * halves, which exp_rows2 runs a step apart: the fraction, then the
+ * polynomial and VSCALEFPS. */
+static inline __m512 exp2_fraction(__m512 x)
 {
-    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+
+static inline __m512 exp2_from_fraction(__m512 x, __m512 f)
+{
     __m512 p = _mm512_set1_ps(0.0770675838f);
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, x);
+}
+
+static inline __m512 exp2_poly3(__m512 x)
+{
+    return exp2_from_fraction(x, exp2_fraction(x));
 }
 
 /* Lanes of the v-th vector of a row below `limit`. */
@@ -547,26 +558,54 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
  * row's loop set-up and the tail of its sums' chains are paid once per two
  * rows (0.90-0.99x the tile-less time on the long rows, Zen 4:
  * bench/results/2026-12-05-amx-rows2-ab-zen4.txt). The next block's tile
- * steps then run after every second row instead of every row, as many. */
+ * steps then run after every second row instead of every row, as many.
+ *
+ * Software-pipelined: each step loads the next 32 scores of both rows and
+ * takes their fractions while it finishes the current ones, and the sums
+ * are FMAs (e 1 + sum: the same rounding as an add). One vector's chain is
+ * about 40 cycles (load, FMA, VREDUCEPS 6, three FMAs, VSCALEFPS, the bf16
+ * rounding 7) and on Zen 4 VREDUCEPS, VSCALEFPS, VADDPS and the rounding
+ * all hold the FADD pipes: in program order the loop left ops waiting in
+ * the scheduler; a step apart, and with the sums on the FMA pipes, the
+ * loop alone takes 0.87-0.92x the time (bench_amx_cost --softmax,
+ * bench/results/2026-12-05-amx-rows2-pipelined-zen4.txt), where the mix
+ * of its operations with no dependences needs 10.4 cycles per 32 scores
+ * of a row (a probe, not kept); the whole tile-less kernel, a few percent.
+ * test_grid holds it to exp_row bit for bit. */
 static inline __attribute__((always_inline)) void
 exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, float m1,
           __m512 *sum_0, __m512 *sum_1)
 {
     const __m512 cv = _mm512_set1_ps(c), nm0 = _mm512_set1_ps(-m0), nm1 = _mm512_set1_ps(-m1);
+    const __m512 one = _mm512_set1_ps(1.0f);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
     const float *t = s + ld;
     uint16_t *q = p + ld;
+    /* x: c s - m of the step's four vectors (row 0's two, row 1's two), f their fractions */
+    __m512 x0 = _mm512_fmadd_ps(_mm512_load_ps(s), cv, nm0);
+    __m512 x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16), cv, nm0);
+    __m512 x2 = _mm512_fmadd_ps(_mm512_load_ps(t), cv, nm1);
+    __m512 x3 = _mm512_fmadd_ps(_mm512_load_ps(t + 16), cv, nm1);
+    __m512 f0 = exp2_fraction(x0), f1 = exp2_fraction(x1);
+    __m512 f2 = exp2_fraction(x2), f3 = exp2_fraction(x3);
     for (int v = 0; v < nv; v += 2) {
-        const __m512 e0 = exp2_poly3(_mm512_fmadd_ps(_mm512_load_ps(s + 16 * v), cv, nm0));
-        const __m512 e1 = exp2_poly3(_mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 16), cv, nm0));
-        const __m512 f0 = exp2_poly3(_mm512_fmadd_ps(_mm512_load_ps(t + 16 * v), cv, nm1));
-        const __m512 f1 = exp2_poly3(_mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 16), cv, nm1));
-        a0 = _mm512_add_ps(a0, e0);
-        a1 = _mm512_add_ps(a1, e1);
-        b0 = _mm512_add_ps(b0, f0);
-        b1 = _mm512_add_ps(b1, f1);
+        const __m512 y0 = x0, y1 = x1, y2 = x2, y3 = x3, g0 = f0, g1 = f1, g2 = f2, g3 = f3;
+        if (v + 2 < nv) {
+            x0 = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 32), cv, nm0);
+            x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 48), cv, nm0);
+            x2 = _mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 32), cv, nm1);
+            x3 = _mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 48), cv, nm1);
+            f0 = exp2_fraction(x0), f1 = exp2_fraction(x1);
+            f2 = exp2_fraction(x2), f3 = exp2_fraction(x3);
+        }
+        const __m512 e0 = exp2_from_fraction(y0, g0), e1 = exp2_from_fraction(y1, g1);
+        const __m512 e2 = exp2_from_fraction(y2, g2), e3 = exp2_from_fraction(y3, g3);
+        a0 = _mm512_fmadd_ps(e0, one, a0);
+        a1 = _mm512_fmadd_ps(e1, one, a1);
+        b0 = _mm512_fmadd_ps(e2, one, b0);
+        b1 = _mm512_fmadd_ps(e3, one, b1);
         _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-        _mm512_store_si512(q + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+        _mm512_store_si512(q + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e3, e2));
     }
     *sum_0 = _mm512_add_ps(a0, a1);
     *sum_1 = _mm512_add_ps(b0, b1);
