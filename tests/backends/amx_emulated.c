@@ -17,10 +17,12 @@
 /*
  * exp_rows2 against exp_row: per row the same operations in another order
  * (two rows a loop, a step apart; sums by FMA, e 1 + s, which rounds as
- * e + s does), so P and the sums must agree bit for bit. The grid alone
- * does not see a P that is wrong on a few keys of a long row: its bound
- * for bf16 P is 2^-8 max |v|, and a mutant that left the last 32 keys of
- * every such block with the P of the 32 before passed all of it.
+ * e + s does), so P and the sums must agree bit for bit. The grid sees a
+ * P wrong on a few keys of a long block only against the float64
+ * reference (a mutant that gave the last 16 or 32 keys of each such block
+ * stale fractions failed 18-41 of its checks), which the quick,
+ * ThreadSanitizer run leaves out; this runs in every build and names the
+ * function.
  */
 int sdpa__cpu_amx_emulated_rows2_mismatches(double (*uniform)(void))
 {

@@ -564,8 +564,8 @@ static void tile_release_check(void)
     tl_output_free(&o), tl_problem_free(&p);
 }
 
-/* The two-row exponential against the one-row one, bit for bit (see
- * amx_emulated.c: the grid's bounds cannot see a few wrong P). */
+/* The two-row exponential against the one-row one, bit for bit, in every
+ * build (the quick one compares nothing with the reference): amx_emulated.c. */
 static void rows2_check(void)
 {
     if (!(sdpa_context_platform(ctx2)->cpu_features & SDPA_CPU_AVX512BF16))
