@@ -102,7 +102,7 @@ static inline __m512 exp_t32(__m512 x)
         }                                                                                    \
         return _mm512_add_ps(sum0, sum1);                                                    \
     }
-EXP_ROW_VARIANT(exp_row_fma_sums, exp2_poly3, 1)
+EXP_ROW_VARIANT(exp_row_fma_sums, exp2_bf16, 1)
 EXP_ROW_VARIANT(exp_row_roundscale, exp_floor_roundscale, 0)
 EXP_ROW_VARIANT(exp_row_magic, exp_magic, 0)
 EXP_ROW_VARIANT(exp_row_fmas_only, exp_fmas_only, 0)

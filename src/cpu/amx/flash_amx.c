@@ -489,32 +489,6 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
     qb->o_live = 1;
 }
 
-/* 2^x: VREDUCEPS gives f = x - floor(x) in [0, 1), a degree-3 polynomial
- * 2^f (relative error 8.6e-5, below bf16's 2^-9; its constant term is 1, so
- * 2^0 = 1 exactly and a softmax with one winner gives its V row exactly),
- * VSCALEFPS multiplies by 2^floor(x). -inf gives exactly 0 (f = 0, scaled
- * by 2^-inf), NaN stays NaN, x below -150 underflows to 0. Its two
- * halves, which exp_rows2 runs a step apart: the fraction, then the
- * polynomial and VSCALEFPS. */
-static inline __m512 exp2_fraction(__m512 x)
-{
-    return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-}
-
-static inline __m512 exp2_from_fraction(__m512 x, __m512 f)
-{
-    __m512 p = _mm512_set1_ps(0.0770675838f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, x);
-}
-
-static inline __m512 exp2_poly3(__m512 x)
-{
-    return exp2_from_fraction(x, exp2_fraction(x));
-}
-
 /* Lanes of the v-th vector of a row below `limit`. */
 static inline __mmask16 lanes_below(int v, int limit)
 {
@@ -539,8 +513,8 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
 #define SCALED(x) _mm512_mul_round_ps((x), cv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
     for (int v = 0; v < nv; v += 2) {
         const __m512 s0 = _mm512_load_ps(s + 16 * v), s1 = _mm512_load_ps(s + 16 * v + 16);
-        __m512 e0 = exp2_poly3(exact ? _mm512_add_ps(SCALED(s0), nm) : _mm512_fmadd_ps(s0, cv, nm));
-        __m512 e1 = exp2_poly3(exact ? _mm512_add_ps(SCALED(s1), nm) : _mm512_fmadd_ps(s1, cv, nm));
+        __m512 e0 = exp2_bf16(exact ? _mm512_add_ps(SCALED(s0), nm) : _mm512_fmadd_ps(s0, cv, nm));
+        __m512 e1 = exp2_bf16(exact ? _mm512_add_ps(SCALED(s1), nm) : _mm512_fmadd_ps(s1, cv, nm));
         if (!full) {
             e0 = _mm512_maskz_mov_ps(lanes_below(v, limit), e0);
             e1 = _mm512_maskz_mov_ps(lanes_below(v + 1, limit), e1);
@@ -586,8 +560,8 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
     __m512 x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16), cv, nm0);
     __m512 x2 = _mm512_fmadd_ps(_mm512_load_ps(t), cv, nm1);
     __m512 x3 = _mm512_fmadd_ps(_mm512_load_ps(t + 16), cv, nm1);
-    __m512 f0 = exp2_fraction(x0), f1 = exp2_fraction(x1);
-    __m512 f2 = exp2_fraction(x2), f3 = exp2_fraction(x3);
+    __m512 f0 = exp2_bf16_fraction(x0), f1 = exp2_bf16_fraction(x1);
+    __m512 f2 = exp2_bf16_fraction(x2), f3 = exp2_bf16_fraction(x3);
     for (int v = 0; v < nv; v += 2) {
         const __m512 y0 = x0, y1 = x1, y2 = x2, y3 = x3, g0 = f0, g1 = f1, g2 = f2, g3 = f3;
         if (v + 2 < nv) {
@@ -595,11 +569,11 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
             x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 48), cv, nm0);
             x2 = _mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 32), cv, nm1);
             x3 = _mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 48), cv, nm1);
-            f0 = exp2_fraction(x0), f1 = exp2_fraction(x1);
-            f2 = exp2_fraction(x2), f3 = exp2_fraction(x3);
+            f0 = exp2_bf16_fraction(x0), f1 = exp2_bf16_fraction(x1);
+            f2 = exp2_bf16_fraction(x2), f3 = exp2_bf16_fraction(x3);
         }
-        const __m512 e0 = exp2_from_fraction(y0, g0), e1 = exp2_from_fraction(y1, g1);
-        const __m512 e2 = exp2_from_fraction(y2, g2), e3 = exp2_from_fraction(y3, g3);
+        const __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1);
+        const __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3);
         a0 = _mm512_fmadd_ps(e0, one, a0);
         a1 = _mm512_fmadd_ps(e1, one, a1);
         b0 = _mm512_fmadd_ps(e2, one, b0);

@@ -79,6 +79,40 @@ static inline __m512 exp512(__m512 x)
 }
 
 /*
+ * 2^x for a result that is rounded to bf16 before it is used (P for a bf16
+ * product: cpu.amx, cpu.avx512bf16's pair mode): VREDUCEPS gives f = x -
+ * floor(x) in [0, 1), a degree-3 polynomial 2^f (relative error 8.6e-5,
+ * below bf16's 2^-9; its constant term is 1, so 2^0 = 1 exactly and a
+ * softmax with one winner gives its V row exactly), VSCALEFPS multiplies
+ * by 2^floor(x): 5 operations where exp512 takes 13. -inf gives exactly 0
+ * (f = 0, scaled by 2^-inf), NaN stays NaN, x below -150 underflows to 0.
+ * In two halves, which a loop may run a step apart (cpu.amx's exp_rows2):
+ * the fraction, then the polynomial and VSCALEFPS.
+ */
+static inline __m512 exp2_bf16_fraction(__m512 x)
+{
+    return _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+
+static inline __m512 exp2_bf16_from_fraction(__m512 x, __m512 f)
+{
+    __m512 p = _mm512_set1_ps(0.0770675838f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, x);
+}
+
+static inline __m512 exp2_bf16(__m512 x)
+{
+    return exp2_bf16_from_fraction(x, exp2_bf16_fraction(x));
+}
+
+/* e^x to bf16's precision, for pair mode's P (flash_tiled.h): x log2(e)
+ * rounded once (an error of 2^-24 |x|), then exp2_bf16. */
+#define V_EXP_BF16(x) exp2_bf16(_mm512_mul_ps((x), _mm512_set1_ps(1.44269504088896341f)))
+
+/*
  * r[j] = column j of the 16 x 16 block of 32-bit elements (floats or bf16
  * pairs) whose rows r[i] held, in registers: four rounds of 16 shuffles
  * instead of 256 scalar loads and stores. Round 1 interleaves pairs of
