@@ -85,7 +85,9 @@ static inline __m512 exp512(__m512 x)
  * below bf16's 2^-9; its constant term is 1, so 2^0 = 1 exactly and a
  * softmax with one winner gives its V row exactly), VSCALEFPS multiplies
  * by 2^floor(x): 5 operations where exp512 takes 13. -inf gives exactly 0
- * (f = 0, scaled by 2^-inf), NaN stays NaN, x below -150 underflows to 0.
+ * (f = 0, scaled by 2^-inf), NaN stays NaN, x below -150 underflows to 0;
+ * from -150 to -126 the result is subnormal (exp512 clamps there instead),
+ * which the bf16 rounding (VCVTNE2PS2BF16) then flushes to 0.
  * In two halves, which a loop may run a step apart (cpu.amx's exp_rows2):
  * the fraction, then the polynomial and VSCALEFPS.
  */
