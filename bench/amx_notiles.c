@@ -26,12 +26,7 @@ static const float *exp_rows_base; /* the scores' first row: exp_rows2_kernel's 
 static inline __m512 exp_floor_roundscale(__m512 x) /* floor by VRNDSCALEPS, f = x - n */
 {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(0.0770675838f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return exp2_bf16_from_fraction(n, _mm512_sub_ps(x, n)); /* VSCALEFPS by floor(n) = n */
 }
 
 /* floor by VRNDSCALEPS, f = x - n by an FMA (-inf gives NaN): on Zen 4 VREDUCEPS and
@@ -40,12 +35,7 @@ static inline __m512 exp_floor_roundscale(__m512 x) /* floor by VRNDSCALEPS, f =
 static inline __m512 exp_floor_fma(__m512 x)
 {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.0f), x);
-    __m512 p = _mm512_set1_ps(0.0770675838f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.227644399f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.695116937f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return exp2_bf16_from_fraction(n, _mm512_fnmadd_ps(n, _mm512_set1_ps(1.0f), x));
 }
 
 static inline __m512 exp_magic(__m512 x) /* nearest n by a magic add, 2^n by an integer add: no -inf */
