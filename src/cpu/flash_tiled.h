@@ -51,14 +51,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(TILED_PAIRS) && !defined(V_EXP_BF16)
+#define V_EXP_BF16(x) V_EXP(x) /* no cheaper one: P's exponential in fp32 */
+#endif
+
 #define BQ (QV * VL)
 /* Keys per K/V block. Pair mode's micro-kernel runs half as many
  * reduction steps per key, so its blocks are twice as long to keep the
  * accumulator loads and stores of O^T as rare (flux1-joint bf16: 77% ->
  * 80% of the VDPBF16PS ceiling; f32 showed no difference). */
-#if defined(TILED_PAIRS) && !defined(V_EXP_BF16)
-#define V_EXP_BF16(x) V_EXP(x) /* no cheaper one: P's exponential in fp32 */
-#endif
 #ifdef TILED_PAIRS
 #define BK 256
 #else
