@@ -161,8 +161,7 @@ static void sparse_keys(const sdpa_call *c, const workspace *w, const flash_task
         const qblock *qb = &w->qb[q];
         const int64_t i0 = i_map + (int64_t)q * BQ;
         if (nbk > 0) {
-            flash_prefetch_keys(c->k, tk, NULL, nj0, nbk, D, q, tk->nqb);
-            flash_prefetch_keys(c->v, tk, NULL, nj0, nbk, D, q, tk->nqb);
+            flash_prefetch_kv(c, tk, NULL, nj0, nbk, D, q, tk->nqb);
         }
         const int rows = flash_block_rows(i_end, i0, BQ);
         const int64_t i_last = i0 + rows - 1;
@@ -284,8 +283,7 @@ static void sparse_task_fn(void *arg, int64_t slot, int worker)
     int64_t j0, j1, n;
     int more = sparse_walk_next(&it, &j0, &j1, &n);
     if (more) { /* the first block's rows while Q is loaded */
-        flash_prefetch_keys(c->k, &tk, NULL, j0, (int)(j1 - j0), D, 0, 1);
-        flash_prefetch_keys(c->v, &tk, NULL, j0, (int)(j1 - j0), D, 0, 1);
+        flash_prefetch_kv(c, &tk, NULL, j0, (int)(j1 - j0), D, 0, 1);
     }
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = i_map + (int64_t)q * BQ;
@@ -295,7 +293,7 @@ static void sparse_task_fn(void *arg, int64_t slot, int worker)
     while (more) {
         int64_t nj0 = 0, nj1 = 0, nn = -1;
         const int next = sparse_walk_next(&it, &nj0, &nj1, &nn);
-        sparse_keys(c, w, &tk, off, i_map, i_end, j0, (int)(j1 - j0), it.m ? row : -1, n, nj0,
+        sparse_keys(c, w, &tk, off, i_map, i_end, j0, (int)(j1 - j0), row, n, nj0,
                     next ? (int)(nj1 - nj0) : 0);
         j0 = nj0, j1 = nj1, n = nn, more = next;
     }

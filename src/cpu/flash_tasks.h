@@ -169,7 +169,7 @@ static inline void flash_prefetch_rows(const sdpa_tensor *t, const flash_task *t
  * or V (t) at its KV head, share `part` of `parts` of them, with the T1
  * hint (L2, where the CPU honours it: the block in use stays in L1): the
  * next K/V block's rows, asked for while the current one is in use
- * (flash_tiled.h's task_fn, flash_sparse.h's sparse_keys). */
+ * (flash_prefetch_kv: flash_tiled.h's task_fn, flash_sparse.h). */
 static inline void flash_prefetch_keys(const sdpa_tensor *t, const flash_task *tk,
                                        const int64_t *keys, int64_t p, int n, int64_t D, int part,
                                        int parts)
@@ -184,6 +184,14 @@ static inline void flash_prefetch_keys(const sdpa_tensor *t, const flash_task *t
         for (int64_t o = 0; o < bytes; o += 64)
             __builtin_prefetch(r + o, 0, 2);
     }
+}
+
+/* flash_prefetch_keys for K, then V: what every caller asks for. */
+static inline void flash_prefetch_kv(const sdpa_call *c, const flash_task *tk, const int64_t *keys,
+                                     int64_t p, int n, int64_t D, int part, int parts)
+{
+    flash_prefetch_keys(c->k, tk, keys, p, n, D, part, parts);
+    flash_prefetch_keys(c->v, tk, keys, p, n, D, part, parts);
 }
 
 #endif

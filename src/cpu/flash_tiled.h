@@ -685,8 +685,7 @@ static void task_fn(void *arg, int64_t task, int worker)
      * of a long f32 row's profile). Asked for ahead, long f32 rows took
      * 0.90-0.98x the time on cpu.avx512 and cpu.avx2, bf16 ones
      * 0.93-1.03x (Zen 4, bench/results/2026-12-05-kv-prefetch-ab-zen4.txt). */
-    flash_prefetch_keys(c->k, &tk, keys, 0, nk < BK ? (int)nk : BK, D, 0, 1);
-    flash_prefetch_keys(c->v, &tk, keys, 0, nk < BK ? (int)nk : BK, D, 0, 1);
+    flash_prefetch_kv(c, &tk, keys, 0, nk < BK ? (int)nk : BK, D, 0, 1);
     for (int q = 0; q < tk.nqb; q++) {
         const int64_t i0 = tk.i_first + (int64_t)q * BQ;
         load_q(c, w, &w->qb[q], &tk, i0, flash_block_rows(jb->split.rows, i0, BQ));
@@ -701,8 +700,7 @@ static void task_fn(void *arg, int64_t task, int worker)
             const qblock *qb = &w->qb[q];
             const int64_t i0 = tk.i_first + (int64_t)q * BQ;
             if (nbk > 0) {
-                flash_prefetch_keys(c->k, &tk, keys, p0 + BK, nbk, D, q, tk.nqb);
-                flash_prefetch_keys(c->v, &tk, keys, p0 + BK, nbk, D, q, tk.nqb);
+                flash_prefetch_kv(c, &tk, keys, p0 + BK, nbk, D, q, tk.nqb);
             }
             if (tk.causal && k_first > i0 + BQ - 1 + tk.offset)
                 continue; /* this query block sees none of these keys */
