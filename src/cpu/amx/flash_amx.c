@@ -497,16 +497,23 @@ static inline __mmask16 lanes_below(int v, int limit)
 }
 
 /* 2^(c s - m) over 32 scores at a time, the lanes at or past `limit` zero
- * (the caller's masks), into P as bf16; returns the row's sum, in fp32 of
- * P before it is rounded (as FlashAttention does: the LSE stays within the
- * polynomial's error; the output's weights are off by bf16's rounding).
+ * (the caller's masks), into P as bf16; returns the row's sum of P as
+ * rounded to bf16, the weights the second product uses (VDPBF16PS of the
+ * stored P with ones, one per 32 scores where fp32 sums took two FMAs:
+ * 0.95-0.96x the time of the exponential's loop on Zen 4, bench_amx_cost
+ * --softmax). So the output's weights sum to 1 up to fp32 rounding, and
+ * its error from P's rounding is sum_j w_j d_j (v_j - o) rather than
+ * sum_j w_j d_j v_j, smaller where V's rows share an offset; the LSE moves
+ * by the weighted mean of the d_j, at most 2^-9. One vector of sums: its
+ * chain (VDPBF16PS, 6 cycles) is shorter than a step.
  * `exact`: c s is rounded before m is subtracted (a huge m, where the
  * FMA's unrounded product would leave a residue of up to 2^-24 |m|). */
 static inline __attribute__((always_inline)) __m512
 exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int exact)
 {
     const __m512 cv = _mm512_set1_ps(c), nm = _mm512_set1_ps(-m);
-    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
+    __m512 sum = _mm512_setzero_ps();
     const int full = limit == 16 * nv;
     /* the explicitly rounded multiply: GCC would fuse a plain one with the
      * add (-ffp-contract=fast), which is the residue this path avoids */
@@ -519,12 +526,12 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
             e0 = _mm512_maskz_mov_ps(lanes_below(v, limit), e0);
             e1 = _mm512_maskz_mov_ps(lanes_below(v + 1, limit), e1);
         }
-        sum0 = _mm512_add_ps(sum0, e0);
-        sum1 = _mm512_add_ps(sum1, e1);
-        _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        const __m512bh pv = _mm512_cvtne2ps_pbh(e1, e0);
+        sum = _mm512_dpbf16_ps(sum, pv, ones);
+        _mm512_store_si512(p + 16 * v, (__m512i)pv);
     }
 #undef SCALED
-    return _mm512_add_ps(sum0, sum1);
+    return sum;
 }
 
 /* exp_row for two whole rows at once (every lane seen, m finite and not
@@ -535,8 +542,8 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
  * steps then run after every second row instead of every row, as many.
  *
  * Software-pipelined: each step loads the next 32 scores of both rows and
- * takes their fractions while it finishes the current ones, and the sums
- * are FMAs (e 1 + sum: the same rounding as an add). One vector's chain is
+ * takes their fractions while it finishes the current ones (the sums were
+ * FMAs then, e 1 + sum; VDPBF16PS now, as exp_row's). One vector's chain is
  * about 40 cycles (load, FMA, VREDUCEPS 6, three FMAs, VSCALEFPS, the bf16
  * rounding 7) and on Zen 4 VREDUCEPS, VSCALEFPS, VADDPS and the rounding
  * all hold the FADD pipes: in program order the loop left ops waiting in
@@ -551,8 +558,8 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
           __m512 *sum_0, __m512 *sum_1)
 {
     const __m512 cv = _mm512_set1_ps(c), nm0 = _mm512_set1_ps(-m0), nm1 = _mm512_set1_ps(-m1);
-    const __m512 one = _mm512_set1_ps(1.0f);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
+    __m512 a = _mm512_setzero_ps(), b = a;
     const float *t = s + ld;
     uint16_t *q = p + ld;
     /* x: c s - m of the step's four vectors (row 0's two, row 1's two), f their fractions */
@@ -574,15 +581,34 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
         }
         const __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1);
         const __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3);
-        a0 = _mm512_fmadd_ps(e0, one, a0);
-        a1 = _mm512_fmadd_ps(e1, one, a1);
-        b0 = _mm512_fmadd_ps(e2, one, b0);
-        b1 = _mm512_fmadd_ps(e3, one, b1);
-        _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-        _mm512_store_si512(q + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e3, e2));
+        const __m512bh pa = _mm512_cvtne2ps_pbh(e1, e0), pb = _mm512_cvtne2ps_pbh(e3, e2);
+        a = _mm512_dpbf16_ps(a, pa, ones);
+        b = _mm512_dpbf16_ps(b, pb, ones);
+        _mm512_store_si512(p + 16 * v, (__m512i)pa);
+        _mm512_store_si512(q + 16 * v, (__m512i)pb);
     }
-    *sum_0 = _mm512_add_ps(a0, a1);
-    *sum_1 = _mm512_add_ps(b0, b1);
+    *sum_0 = a;
+    *sum_1 = b;
+}
+
+/* The lanes' maxima of c s over scores s[0 .. limit), c s rounded. */
+static inline __m512 scaled_max(const float *s, int limit, float c)
+{
+    /* four running maxima: one would be a chain of VMAXPS latencies */
+    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
+    int v = 0;
+    for (; 16 * v + 64 <= limit; v += 4) {
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
+        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
+        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
+    }
+    for (; 16 * v + 16 <= limit; v++)
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+    if (16 * v < limit)
+        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
+    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
+    return _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
 /*
@@ -616,21 +642,7 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
             return;
         }
     }
-    /* four running maxima: one would be a chain of VMAXPS latencies */
-    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
-    int v = 0;
-    for (; 16 * v + 64 <= limit; v += 4) {
-        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
-        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
-        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
-        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
-    }
-    for (; 16 * v + 16 <= limit; v++)
-        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
-    if (16 * v < limit)
-        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
-    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
-    mx = _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 mx = scaled_max(s, limit, c);
     if (m == -INFINITY || _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + TAU), _CMP_GT_OQ)) {
         const float top = _mm512_reduce_max_ps(mx);
         if (top > m) { /* NaN scores leave m: their P is NaN whatever m is */
@@ -853,6 +865,38 @@ static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t 
     }
 }
 
+/* Whether every row of a dense block can go through exp_rows2, made so
+ * where it costs little: the scores of pad keys (past bk, up to a multiple
+ * of 16) become -inf, so that every lane is seen and gives P = 0 there;
+ * a row's first block (m = -inf, O not yet live) gets its max, as
+ * softmax_row would give it. Before, a query block's first key block and
+ * the last one of a key count not a multiple of 16 went row by row
+ * through softmax_row (2 of SD3.5's 11 key blocks a row); with the sums by
+ * VDPBF16PS, 0.96-0.97x the tile-less time on three long rows, one
+ * thread, Zen 4. No (the rows then go one by one, through softmax_row):
+ * a max that is not finite or is huge (exp_row's `exact` case), or a row
+ * whose scores so far were all -inf beside live rows. */
+static int block_rows_ready(amx_qblock *qb, float *sbuf, int64_t kb, int nv, int bk, float c)
+{
+    if (bk < 16 * nv)
+        for (int r = 0; r < BQ; r++)
+            for (int v = bk / 16; v < nv; v++)
+                _mm512_mask_store_ps(sbuf + r * kb + 16 * v, (__mmask16)~lanes_below(v, bk),
+                                     _mm512_set1_ps(-INFINITY));
+    for (int r = 0; r < BQ; r++) {
+        const float m = qb->m[r];
+        if (m == -INFINITY && !qb->o_live) {
+            const float top = _mm512_reduce_max_ps(scaled_max(sbuf + r * kb, bk, c));
+            if (!(fabsf(top) < 0x1p20f)) /* NaN, an infinity, huge */
+                return 0;
+            qb->m[r] = top;
+        } else if (!(fabsf(m) < 0x1p20f)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
                     const amx_block *at, float *sbuf, amx_scores *ahead)
 {
@@ -862,26 +906,25 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     const int64_t kb = jb->kb, Dv = jb->Dv;
     if (!at->causal && !mk && !at->sparse) {
         const float c = jb->c_log2;
-        for (int r = 0; r < BQ; r += 2) { /* BQ is even */
-            const float m0 = qb->m[r], m1 = qb->m[r + 1];
-            float *s = sbuf + r * kb;
-            uint16_t *p = w->p + r * kb;
-            if (at->bk == 16 * nv && fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f) {
-                /* both rows past their first block (-inf fails the test) */
-                __m512 sum[2];
-                exp_rows2(s, p, kb, nv, c, m0, m1, &sum[0], &sum[1]);
-                for (int i = 0; i < 2; i++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
-                    if (_mm512_cmp_ps_mask(sum[i], _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ))
-                        softmax_row(s + i * kb, p + i * kb, nv, at->bk, c, qb, r + i, Dv);
-                    else
-                        _mm512_store_ps(qb->l + 16 * (r + i),
-                                        _mm512_add_ps(_mm512_load_ps(qb->l + 16 * (r + i)), sum[i]));
-                }
-            } else {
-                softmax_row(s, p, nv, at->bk, c, qb, r, Dv);
-                softmax_row(s + kb, p + kb, nv, at->bk, c, qb, r + 1, Dv);
+        if (block_rows_ready(qb, sbuf, kb, nv, at->bk, c)) {
+            __m512 sums[BQ];
+            for (int r = 0; r < BQ; r += 2) {
+                exp_rows2(sbuf + r * kb, w->p + r * kb, kb, nv, c, qb->m[r], qb->m[r + 1],
+                          &sums[r], &sums[r + 1]);
+                scores_run(jb, ahead, r + 2);
             }
-            scores_run(jb, ahead, r + 2);
+            for (int r = 0; r < BQ; r++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
+                const __m512 sum = sums[r];
+                if (_mm512_cmp_ps_mask(sum, _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ))
+                    softmax_row(sbuf + r * kb, w->p + r * kb, nv, at->bk, c, qb, r, Dv);
+                else
+                    _mm512_store_ps(qb->l + 16 * r, _mm512_add_ps(_mm512_load_ps(qb->l + 16 * r), sum));
+            }
+            return;
+        }
+        for (int r = 0; r < BQ; r++) { /* rare: row by row */
+            softmax_row(sbuf + r * kb, w->p + r * kb, nv, at->bk, c, qb, r, Dv);
+            scores_run(jb, ahead, r + 1);
         }
         return;
     }
