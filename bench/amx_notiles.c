@@ -15,8 +15,8 @@
  * without a max pass, its sum, P rounded to bf16 and stored) over 32 rows
  * of 256 scores in L1, and variants of its arithmetic beside it, each the
  * same loop with one thing changed. What they show is where the
- * exponential's floor lies on the CPU at hand; only the first is the
- * kernel's (the others are not all exact: see their names).
+ * exponential's floor lies on the CPU at hand; the rows named "kernel"
+ * are the kernel's own (the others are not all exact: see their names).
  */
 #include <time.h>
 
@@ -119,7 +119,10 @@ static __attribute__((noinline)) __m512 exp_rows2_kernel(const float *s, uint16_
 
 
 
-/* exp_rows2 with P made bf16 another way than VCVTNE2PS2BF16: the
+/* exp_rows2 with the sums of P as rounded, by VDPBF16PS of the stored P
+ * with ones (MODE 0: one operation per 32 scores instead of two, but the
+ * LSE moves by up to 2^-8 relative on rows of few keys: see exp_row), and
+ * with P made bf16 another way than VCVTNE2PS2BF16 on top of that: the
  * polynomial's result rounded to 8 bits in fp32, either by VRNDSCALEPS
  * (7 fraction bits; MODE 1, the same bits as the kernel) or by its last
  * FMA adding 2^16 and one more subtracting it (MODE 2), so that VSCALEFPS
@@ -153,7 +156,11 @@ static __attribute__((noinline)) __m512 name(const float *s, uint16_t *p, float 
             f2 = exp2_bf16_fraction(x2), f3 = exp2_bf16_fraction(x3); \
         } \
         __m512bh pa, pb; \
-        { \
+        if (MODE == 0) { \
+            const __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1); \
+            const __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3); \
+            pa = _mm512_cvtne2ps_pbh(e1, e0), pb = _mm512_cvtne2ps_pbh(e3, e2); \
+        } else { \
             __m512 e[4]; const __m512 ys[4] = {y0, y1, y2, y3}, gs[4] = {g0, g1, g2, g3}; \
             for (int i = 0; i < 4; i++) { \
                 __m512 pp = _mm512_set1_ps(0.0770675838f); \
@@ -178,6 +185,7 @@ static __attribute__((noinline)) __m512 name(const float *s, uint16_t *p, float 
     } \
     return _mm512_add_ps(a0, b0); \
 }
+ROWS2_PACKED(exp_rows2_dp, 0)
 ROWS2_PACKED(exp_rows2_rnd, 1)
 ROWS2_PACKED(exp_rows2_fmarnd, 2)
 
@@ -186,16 +194,17 @@ const char *sdpa__amx_exp_variant_name(int variant);
 const char *sdpa__amx_exp_variant_name(int variant)
 {
     static const char *const names[] = {
-        "kernel: exp_row (VREDUCEPS, degree 3, VSCALEFPS; sums by VDPBF16PS)",
-        "the same, sums of fp32 P by FMA (e 1 + sum)",
+        "kernel: exp_row (VREDUCEPS, degree 3, VSCALEFPS; sums by add)",
+        "the same, sums by FMA (e 1 + sum)",
         "floor by VRNDSCALEPS, f = x - n, VSCALEFPS",
         "nearest n by a magic add, 2^n by an integer add (no -inf: not exact)",
         "the FMAs alone for the exponential (no floor or 2^n; sums, bf16, store kept)",
         "floor by VRNDSCALEPS, f = x - n by an FMA, VSCALEFPS (-inf gives NaN)",
         "32-entry table by VPERMT2PS, degree 1 per entry (T0 + T1 r), VSCALEFPS",
-        "kernel: exp_rows2 (two rows a loop, software-pipelined, sums by VDPBF16PS)",
-        "exp_rows2, P to bf16 by VRNDSCALEPS (7 bits) and VPERMT2W",
-        "exp_rows2, P to bf16 by its last FMA (+2^16), an FMA (-2^16), VPERMT2W"};
+        "kernel: exp_rows2 (two rows a loop, software-pipelined, sums by FMA)",
+        "exp_rows2, sums of P as rounded by VDPBF16PS (LSE off by up to 2^-8)",
+        "  and P to bf16 by VRNDSCALEPS (7 bits) and VPERMT2W",
+        "  and P to bf16 by its last FMA (+2^16), an FMA (-2^16), VPERMT2W"};
     return variant >= 0 && variant < (int)(sizeof names / sizeof *names) ? names[variant] : NULL;
 }
 
@@ -205,7 +214,7 @@ double sdpa__amx_exp_variant_seconds(int variant, long long iters)
 {
     __m512 (*const fn[])(const float *, uint16_t *, float, float) = {
         exp_row_kernel,    exp_row_fma_sums,  exp_row_roundscale, exp_row_magic,
-        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32, exp_rows2_kernel, exp_rows2_rnd, exp_rows2_fmarnd};
+        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32, exp_rows2_kernel, exp_rows2_dp, exp_rows2_rnd, exp_rows2_fmarnd};
     static float s[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     static uint16_t p[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     for (int j = 0; j < 32; j++) /* 0.699396: (1 + a r) / 2^r closest to 1 on [0, 1/32) */

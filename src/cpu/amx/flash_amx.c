@@ -497,23 +497,22 @@ static inline __mmask16 lanes_below(int v, int limit)
 }
 
 /* 2^(c s - m) over 32 scores at a time, the lanes at or past `limit` zero
- * (the caller's masks), into P as bf16; returns the row's sum of P as
- * rounded to bf16, the weights the second product uses (VDPBF16PS of the
- * stored P with ones, one per 32 scores where fp32 sums took two FMAs:
- * 0.95-0.96x the time of the exponential's loop on Zen 4, bench_amx_cost
- * --softmax). So the output's weights sum to 1 up to fp32 rounding, and
- * its error from P's rounding is sum_j w_j d_j (v_j - o) rather than
- * sum_j w_j d_j v_j, smaller where V's rows share an offset; the LSE moves
- * by the weighted mean of the d_j, at most 2^-9. One vector of sums: its
- * chain (VDPBF16PS, 6 cycles) is shorter than a step.
+ * (the caller's masks), into P as bf16; returns the row's sum, in fp32 of
+ * P before it is rounded (as FlashAttention does: the LSE stays within the
+ * polynomial's error; the output's weights are off by bf16's rounding).
+ * Summing P as rounded instead (VDPBF16PS of the stored P with ones, one
+ * operation per 32 scores where these take two) was 0.95-0.96x the time
+ * of the loop alone on Zen 4, 1-2% of the kernel, but moves the LSE by up
+ * to 2^-8 P_2 / (1 + P_2) on a row of two keys, 1.3e-3 where P_2 is just
+ * past 0.5: over the 1e-3 a caller merging partial results (and
+ * python/tests/test_numpy.py) holds it to.
  * `exact`: c s is rounded before m is subtracted (a huge m, where the
  * FMA's unrounded product would leave a residue of up to 2^-24 |m|). */
 static inline __attribute__((always_inline)) __m512
 exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int exact)
 {
     const __m512 cv = _mm512_set1_ps(c), nm = _mm512_set1_ps(-m);
-    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
-    __m512 sum = _mm512_setzero_ps();
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = sum0;
     const int full = limit == 16 * nv;
     /* the explicitly rounded multiply: GCC would fuse a plain one with the
      * add (-ffp-contract=fast), which is the residue this path avoids */
@@ -526,12 +525,12 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
             e0 = _mm512_maskz_mov_ps(lanes_below(v, limit), e0);
             e1 = _mm512_maskz_mov_ps(lanes_below(v + 1, limit), e1);
         }
-        const __m512bh pv = _mm512_cvtne2ps_pbh(e1, e0);
-        sum = _mm512_dpbf16_ps(sum, pv, ones);
-        _mm512_store_si512(p + 16 * v, (__m512i)pv);
+        sum0 = _mm512_add_ps(sum0, e0);
+        sum1 = _mm512_add_ps(sum1, e1);
+        _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
     }
 #undef SCALED
-    return sum;
+    return _mm512_add_ps(sum0, sum1);
 }
 
 /* exp_row for two whole rows at once (every lane seen, m finite and not
@@ -542,8 +541,8 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
  * steps then run after every second row instead of every row, as many.
  *
  * Software-pipelined: each step loads the next 32 scores of both rows and
- * takes their fractions while it finishes the current ones (the sums were
- * FMAs then, e 1 + sum; VDPBF16PS now, as exp_row's). One vector's chain is
+ * takes their fractions while it finishes the current ones, and the sums
+ * are FMAs (e 1 + sum: the same rounding as an add). One vector's chain is
  * about 40 cycles (load, FMA, VREDUCEPS 6, three FMAs, VSCALEFPS, the bf16
  * rounding 7) and on Zen 4 VREDUCEPS, VSCALEFPS, VADDPS and the rounding
  * all hold the FADD pipes: in program order the loop left ops waiting in
@@ -558,8 +557,8 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
           __m512 *sum_0, __m512 *sum_1)
 {
     const __m512 cv = _mm512_set1_ps(c), nm0 = _mm512_set1_ps(-m0), nm1 = _mm512_set1_ps(-m1);
-    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
-    __m512 a = _mm512_setzero_ps(), b = a;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
     const float *t = s + ld;
     uint16_t *q = p + ld;
     /* x: c s - m of the step's four vectors (row 0's two, row 1's two), f their fractions */
@@ -581,14 +580,15 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
         }
         const __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1);
         const __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3);
-        const __m512bh pa = _mm512_cvtne2ps_pbh(e1, e0), pb = _mm512_cvtne2ps_pbh(e3, e2);
-        a = _mm512_dpbf16_ps(a, pa, ones);
-        b = _mm512_dpbf16_ps(b, pb, ones);
-        _mm512_store_si512(p + 16 * v, (__m512i)pa);
-        _mm512_store_si512(q + 16 * v, (__m512i)pb);
+        a0 = _mm512_fmadd_ps(e0, one, a0);
+        a1 = _mm512_fmadd_ps(e1, one, a1);
+        b0 = _mm512_fmadd_ps(e2, one, b0);
+        b1 = _mm512_fmadd_ps(e3, one, b1);
+        _mm512_store_si512(p + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+        _mm512_store_si512(q + 16 * v, (__m512i)_mm512_cvtne2ps_pbh(e3, e2));
     }
-    *sum_0 = a;
-    *sum_1 = b;
+    *sum_0 = _mm512_add_ps(a0, a1);
+    *sum_1 = _mm512_add_ps(b0, b1);
 }
 
 /* The lanes' maxima of c s over scores s[0 .. limit), c s rounded. */
@@ -871,9 +871,8 @@ static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t 
  * a row's first block (m = -inf, O not yet live) gets its max, as
  * softmax_row would give it. Before, a query block's first key block and
  * the last one of a key count not a multiple of 16 went row by row
- * through softmax_row (2 of SD3.5's 11 key blocks a row); with the sums by
- * VDPBF16PS, 0.96-0.97x the tile-less time on three long rows, one
- * thread, Zen 4. No (the rows then go one by one, through softmax_row):
+ * through softmax_row (2 of SD3.5's 11 key blocks a row): 0.98-1.00x the
+ * tile-less time on three long rows, one thread, Zen 4. No (the rows then go one by one, through softmax_row):
  * a max that is not finite or is huge (exp_row's `exact` case), or a row
  * whose scores so far were all -inf beside live rows. */
 static int block_rows_ready(amx_qblock *qb, float *sbuf, int64_t kb, int nv, int bk, float c)
