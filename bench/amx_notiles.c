@@ -119,14 +119,19 @@ static __attribute__((noinline)) __m512 exp_rows2_kernel(const float *s, uint16_
 
 
 
-/* exp_rows2 with the sums of P as rounded, by VDPBF16PS of the stored P
- * with ones (MODE 0: one operation per 32 scores instead of two, but the
- * LSE moves by up to 2^-8 relative on rows of few keys: see exp_row), and
- * with P made bf16 another way than VCVTNE2PS2BF16 on top of that: the
- * polynomial's result rounded to 8 bits in fp32, either by VRNDSCALEPS
- * (7 fraction bits; MODE 1, the same bits as the kernel) or by its last
- * FMA adding 2^16 and one more subtracting it (MODE 2), so that VSCALEFPS
- * leaves an fp32 exact in bf16 whose high halves VPERMT2W packs. */
+/* Tried against the kernel's exp_rows2, not kept. MODE 0: the sums of P
+ * as rounded to bf16, by VDPBF16PS of the stored P with ones (one
+ * operation per 32 scores where the FMA sums take two): 0.94-0.95x the
+ * loop's time on Zen 4, 1-2% of the tile-less kernel, but the LSE moves
+ * by up to 2^-8 P_2 / (1 + P_2) on a row of two keys (1.3e-3 where P_2 is
+ * just past 0.5), over the 1e-3 a caller merging partial results by their
+ * LSE (and python/tests/test_numpy.py) holds a bf16 backend to. MODES 1
+ * and 2, on top of MODE 0: P made bf16 another way than VCVTNE2PS2BF16,
+ * the polynomial's result rounded to 8 bits in fp32, by VRNDSCALEPS (7
+ * fraction bits; MODE 1, the same bits as the kernel) or by its last FMA
+ * adding 2^16 and one more subtracting it (MODE 2), so that VSCALEFPS
+ * leaves an fp32 exact in bf16 whose high halves VPERMT2W packs: both
+ * slower than MODE 0. */
 #define ROWS2_PACKED(name, MODE) \
 static __attribute__((noinline)) __m512 name(const float *s, uint16_t *p, float c, float m) \
 { \

@@ -500,12 +500,6 @@ static inline __mmask16 lanes_below(int v, int limit)
  * (the caller's masks), into P as bf16; returns the row's sum, in fp32 of
  * P before it is rounded (as FlashAttention does: the LSE stays within the
  * polynomial's error; the output's weights are off by bf16's rounding).
- * Summing P as rounded instead (VDPBF16PS of the stored P with ones, one
- * operation per 32 scores where these take two) was 0.95-0.96x the time
- * of the loop alone on Zen 4, 1-2% of the kernel, but moves the LSE by up
- * to 2^-8 P_2 / (1 + P_2) on a row of two keys, 1.3e-3 where P_2 is just
- * past 0.5: over the 1e-3 a caller merging partial results (and
- * python/tests/test_numpy.py) holds it to.
  * `exact`: c s is rounded before m is subtracted (a huge m, where the
  * FMA's unrounded product would leave a residue of up to 2^-24 |m|). */
 static inline __attribute__((always_inline)) __m512
@@ -591,26 +585,6 @@ exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, fl
     *sum_1 = _mm512_add_ps(b0, b1);
 }
 
-/* The lanes' maxima of c s over scores s[0 .. limit), c s rounded. */
-static inline __m512 scaled_max(const float *s, int limit, float c)
-{
-    /* four running maxima: one would be a chain of VMAXPS latencies */
-    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
-    int v = 0;
-    for (; 16 * v + 64 <= limit; v += 4) {
-        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
-        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
-        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
-        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
-    }
-    for (; 16 * v + 16 <= limit; v++)
-        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
-    if (16 * v < limit)
-        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
-    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
-    return _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-
 /*
  * Row r of the block: scores s[0 .. limit) are the keys it sees (the rest
  * of the nv vectors give P = 0). Raises m (lazily, see the top) and
@@ -642,7 +616,21 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
             return;
         }
     }
-    const __m512 mx = scaled_max(s, limit, c);
+    /* four running maxima: one would be a chain of VMAXPS latencies */
+    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
+    int v = 0;
+    for (; 16 * v + 64 <= limit; v += 4) {
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
+        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
+        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
+    }
+    for (; 16 * v + 16 <= limit; v++)
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+    if (16 * v < limit)
+        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
+    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
+    mx = _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if (m == -INFINITY || _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + TAU), _CMP_GT_OQ)) {
         const float top = _mm512_reduce_max_ps(mx);
         if (top > m) { /* NaN scores leave m: their P is NaN whatever m is */
@@ -865,37 +853,6 @@ static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t 
     }
 }
 
-/* Whether every row of a dense block can go through exp_rows2, made so
- * where it costs little: the scores of pad keys (past bk, up to a multiple
- * of 16) become -inf, so that every lane is seen and gives P = 0 there;
- * a row's first block (m = -inf, O not yet live) gets its max, as
- * softmax_row would give it. Before, a query block's first key block and
- * the last one of a key count not a multiple of 16 went row by row
- * through softmax_row (2 of SD3.5's 11 key blocks a row): 0.98-1.00x the
- * tile-less time on three long rows, one thread, Zen 4. No (the rows then go one by one, through softmax_row):
- * a max that is not finite or is huge (exp_row's `exact` case), or a row
- * whose scores so far were all -inf beside live rows. */
-static int block_rows_ready(amx_qblock *qb, float *sbuf, int64_t kb, int nv, int bk, float c)
-{
-    if (bk < 16 * nv)
-        for (int r = 0; r < BQ; r++)
-            for (int v = bk / 16; v < nv; v++)
-                _mm512_mask_store_ps(sbuf + r * kb + 16 * v, (__mmask16)~lanes_below(v, bk),
-                                     _mm512_set1_ps(-INFINITY));
-    for (int r = 0; r < BQ; r++) {
-        const float m = qb->m[r];
-        if (m == -INFINITY && !qb->o_live) {
-            const float top = _mm512_reduce_max_ps(scaled_max(sbuf + r * kb, bk, c));
-            if (!(fabsf(top) < 0x1p20f)) /* NaN, an infinity, huge */
-                return 0;
-            qb->m[r] = top;
-        } else if (!(fabsf(m) < 0x1p20f)) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
 static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
                     const amx_block *at, float *sbuf, amx_scores *ahead)
 {
@@ -905,25 +862,26 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     const int64_t kb = jb->kb, Dv = jb->Dv;
     if (!at->causal && !mk && !at->sparse) {
         const float c = jb->c_log2;
-        if (block_rows_ready(qb, sbuf, kb, nv, at->bk, c)) {
-            __m512 sums[BQ];
-            for (int r = 0; r < BQ; r += 2) {
-                exp_rows2(sbuf + r * kb, w->p + r * kb, kb, nv, c, qb->m[r], qb->m[r + 1],
-                          &sums[r], &sums[r + 1]);
-                scores_run(jb, ahead, r + 2);
+        for (int r = 0; r < BQ; r += 2) { /* BQ is even */
+            const float m0 = qb->m[r], m1 = qb->m[r + 1];
+            float *s = sbuf + r * kb;
+            uint16_t *p = w->p + r * kb;
+            if (at->bk == 16 * nv && fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f) {
+                /* both rows past their first block (-inf fails the test) */
+                __m512 sum[2];
+                exp_rows2(s, p, kb, nv, c, m0, m1, &sum[0], &sum[1]);
+                for (int i = 0; i < 2; i++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
+                    if (_mm512_cmp_ps_mask(sum[i], _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ))
+                        softmax_row(s + i * kb, p + i * kb, nv, at->bk, c, qb, r + i, Dv);
+                    else
+                        _mm512_store_ps(qb->l + 16 * (r + i),
+                                        _mm512_add_ps(_mm512_load_ps(qb->l + 16 * (r + i)), sum[i]));
+                }
+            } else {
+                softmax_row(s, p, nv, at->bk, c, qb, r, Dv);
+                softmax_row(s + kb, p + kb, nv, at->bk, c, qb, r + 1, Dv);
             }
-            for (int r = 0; r < BQ; r++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
-                const __m512 sum = sums[r];
-                if (_mm512_cmp_ps_mask(sum, _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ))
-                    softmax_row(sbuf + r * kb, w->p + r * kb, nv, at->bk, c, qb, r, Dv);
-                else
-                    _mm512_store_ps(qb->l + 16 * r, _mm512_add_ps(_mm512_load_ps(qb->l + 16 * r), sum));
-            }
-            return;
-        }
-        for (int r = 0; r < BQ; r++) { /* rare: row by row */
-            softmax_row(sbuf + r * kb, w->p + r * kb, nv, at->bk, c, qb, r, Dv);
-            scores_run(jb, ahead, r + 1);
+            scores_run(jb, ahead, r + 2);
         }
         return;
     }
