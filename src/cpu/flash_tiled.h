@@ -813,12 +813,20 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const int is_short = !sparse && short_keys(d);
     const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
     /* K/V that must be converted (f16, bf16) are shared by up to 8 query
-     * blocks, f32 by 4: each task converts its own, and an f16 call ran at
-     * 61% of the ceiling with 4, 67-78% with 8 (4608 tokens, D 128, the
-     * Sapphire Rapids VM, noisy) */
+     * blocks: each task converts its own, and an f16 call ran at 61% of the
+     * ceiling with 4, 67-78% with 8 (4608 tokens, D 128, the Sapphire Rapids
+     * VM, noisy). f32 K/V rows are copied, by up to 192 query rows (4
+     * blocks of cpu.avx512's 48; 8 of cpu.avx2's 24, where 4 blocks made
+     * the copy and the per-block work twice the share of a row: long rows
+     * 0.94-0.98x the time with 8, short-key rows level, Zen 4,
+     * bench/results/2026-12-05-avx2-f32-rows-per-kv-ab-zen4.txt). The
+     * resident Q^T and O^T are then as many bytes as cpu.avx512's: 192 KB at
+     * D 128, inside a Zen 2/3 core's 512 KB L2 with a 128 KB K/V block. */
+    const int f32_blocks = (192 + BQ - 1) / BQ;
     job jb = {c,
               flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
-                               is_short ? 64 : c->k->dtype == SDPA_F32 ? 4 : 8, is_short ? 2 : 4),
+                               is_short ? 64 : c->k->dtype == SDPA_F32 ? f32_blocks : 8,
+                               is_short ? 2 : 4),
               NULL};
     const int qbs_kept = is_short  ? 1
                          : sparse ? (SPARSE_ROWS + BQ - 1) / BQ
