@@ -117,8 +117,6 @@ static __attribute__((noinline)) __m512 exp_rows2_kernel(const float *s, uint16_
     return _mm512_add_ps(a, b);
 }
 
-
-
 /* Tried against the kernel's exp_rows2, not kept. MODE 0: the sums of P
  * as rounded to bf16, by VDPBF16PS of the stored P with ones (one
  * operation per 32 scores where the FMA sums take two): 0.94-0.95x the
@@ -131,69 +129,80 @@ static __attribute__((noinline)) __m512 exp_rows2_kernel(const float *s, uint16_
  * fraction bits; MODE 1, the same bits as the kernel) or by its last FMA
  * adding 2^16 and one more subtracting it (MODE 2), so that VSCALEFPS
  * leaves an fp32 exact in bf16 whose high halves VPERMT2W packs: both
- * slower than MODE 0. */
-#define ROWS2_PACKED(name, MODE) \
-static __attribute__((noinline)) __m512 name(const float *s, uint16_t *p, float c, float m) \
-{ \
-    if ((s - exp_rows_base) / EXP_KEYS % 2) \
-        return _mm512_setzero_ps(); \
-    const int ld = EXP_KEYS, nv = EXP_KEYS / 16; \
-    const __m512 cv = _mm512_set1_ps(c), nm0 = _mm512_set1_ps(-m), nm1 = _mm512_set1_ps(-m); \
-    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80); \
-    const __m512i odd = _mm512_set_epi16(63,61,59,57,55,53,51,49,47,45,43,41,39,37,35,33,31,29,27,25,23,21,19,17,15,13,11,9,7,5,3,1); \
-    __m512 a0 = _mm512_setzero_ps(), b0 = a0; \
-    const float *t = s + ld; \
-    uint16_t *q = p + ld; \
-    __m512 x0 = _mm512_fmadd_ps(_mm512_load_ps(s), cv, nm0); \
-    __m512 x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16), cv, nm0); \
-    __m512 x2 = _mm512_fmadd_ps(_mm512_load_ps(t), cv, nm1); \
-    __m512 x3 = _mm512_fmadd_ps(_mm512_load_ps(t + 16), cv, nm1); \
-    __m512 f0 = exp2_bf16_fraction(x0), f1 = exp2_bf16_fraction(x1); \
-    __m512 f2 = exp2_bf16_fraction(x2), f3 = exp2_bf16_fraction(x3); \
-    for (int v = 0; v < nv; v += 2) { \
-        const __m512 y0 = x0, y1 = x1, y2 = x2, y3 = x3, g0 = f0, g1 = f1, g2 = f2, g3 = f3; \
-        if (v + 2 < nv) { \
-            x0 = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 32), cv, nm0); \
-            x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * v + 48), cv, nm0); \
-            x2 = _mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 32), cv, nm1); \
-            x3 = _mm512_fmadd_ps(_mm512_load_ps(t + 16 * v + 48), cv, nm1); \
-            f0 = exp2_bf16_fraction(x0), f1 = exp2_bf16_fraction(x1); \
-            f2 = exp2_bf16_fraction(x2), f3 = exp2_bf16_fraction(x3); \
-        } \
-        __m512bh pa, pb; \
-        if (MODE == 0) { \
-            const __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1); \
-            const __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3); \
-            pa = _mm512_cvtne2ps_pbh(e1, e0), pb = _mm512_cvtne2ps_pbh(e3, e2); \
-        } else { \
-            __m512 e[4]; const __m512 ys[4] = {y0, y1, y2, y3}, gs[4] = {g0, g1, g2, g3}; \
-            for (int i = 0; i < 4; i++) { \
-                __m512 pp = _mm512_set1_ps(0.0770675838f); \
-                pp = _mm512_fmadd_ps(pp, gs[i], _mm512_set1_ps(0.227644399f)); \
-                pp = _mm512_fmadd_ps(pp, gs[i], _mm512_set1_ps(0.695116937f)); \
-                if (MODE == 1) { \
-                    pp = _mm512_fmadd_ps(pp, gs[i], _mm512_set1_ps(1.0f)); \
-                    pp = _mm512_roundscale_ps(pp, (7 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); \
-                } else { \
-                    pp = _mm512_fmadd_ps(pp, gs[i], _mm512_set1_ps(65537.0f)); \
-                    pp = _mm512_fmadd_ps(pp, _mm512_set1_ps(1.0f), _mm512_set1_ps(-65536.0f)); \
-                } \
-                e[i] = _mm512_scalef_ps(pp, ys[i]); \
-            } \
-            pa = (__m512bh)_mm512_permutex2var_epi16(_mm512_castps_si512(e[0]), odd, _mm512_castps_si512(e[1])); \
-            pb = (__m512bh)_mm512_permutex2var_epi16(_mm512_castps_si512(e[2]), odd, _mm512_castps_si512(e[3])); \
-        } \
-        a0 = _mm512_dpbf16_ps(a0, pa, ones); \
-        b0 = _mm512_dpbf16_ps(b0, pb, ones); \
-        _mm512_store_si512(p + 16 * v, (__m512i)pa); \
-        _mm512_store_si512(q + 16 * v, (__m512i)pb); \
-    } \
-    return _mm512_add_ps(a0, b0); \
+ * slower than MODE 0. (MODE is rows2_variant's mode.) */
+static inline __attribute__((always_inline)) __m512 rows2_variant(const float *s, uint16_t *p,
+                                                                   float c, float m,
+                                                                   const int mode)
+{
+    if ((s - exp_rows_base) / EXP_KEYS % 2)
+        return _mm512_setzero_ps();
+    const int ld = EXP_KEYS, nv = EXP_KEYS / 16;
+    const __m512 cv = _mm512_set1_ps(c), nm = _mm512_set1_ps(-m);
+    const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);
+    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37,
+                                         35, 33, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9,
+                                         7, 5, 3, 1); /* the high halves of two vectors */
+    __m512 a = _mm512_setzero_ps(), b = a, x[4], f[4];
+    const float *row[4] = {s, s + 16, s + ld, s + ld + 16}; /* the step's four vectors */
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_fmadd_ps(_mm512_load_ps(row[i]), cv, nm), f[i] = exp2_bf16_fraction(x[i]);
+    for (int v = 0; v < nv; v += 2) {
+        __m512 y[4], g[4], e[4];
+        for (int i = 0; i < 4; i++)
+            y[i] = x[i], g[i] = f[i];
+        if (v + 2 < nv)
+            for (int i = 0; i < 4; i++)
+                x[i] = _mm512_fmadd_ps(_mm512_load_ps(row[i] + 16 * v + 32), cv, nm),
+                f[i] = exp2_bf16_fraction(x[i]);
+        __m512bh pa, pb;
+        if (mode == 0) {
+            for (int i = 0; i < 4; i++)
+                e[i] = exp2_bf16_from_fraction(y[i], g[i]);
+            pa = _mm512_cvtne2ps_pbh(e[1], e[0]), pb = _mm512_cvtne2ps_pbh(e[3], e[2]);
+        } else {
+            for (int i = 0; i < 4; i++) {
+                __m512 q = _mm512_set1_ps(0.0770675838f);
+                q = _mm512_fmadd_ps(q, g[i], _mm512_set1_ps(0.227644399f));
+                q = _mm512_fmadd_ps(q, g[i], _mm512_set1_ps(0.695116937f));
+                if (mode == 1)
+                    q = _mm512_roundscale_ps(_mm512_fmadd_ps(q, g[i], _mm512_set1_ps(1.0f)),
+                                             (7 << 4) | _MM_FROUND_TO_NEAREST_INT |
+                                                 _MM_FROUND_NO_EXC);
+                else
+                    q = _mm512_fmadd_ps(_mm512_fmadd_ps(q, g[i], _mm512_set1_ps(65537.0f)),
+                                        _mm512_set1_ps(1.0f), _mm512_set1_ps(-65536.0f));
+                e[i] = _mm512_scalef_ps(q, y[i]);
+            }
+            pa = (__m512bh)_mm512_permutex2var_epi16(_mm512_castps_si512(e[0]), odd,
+                                                     _mm512_castps_si512(e[1]));
+            pb = (__m512bh)_mm512_permutex2var_epi16(_mm512_castps_si512(e[2]), odd,
+                                                     _mm512_castps_si512(e[3]));
+        }
+        a = _mm512_dpbf16_ps(a, pa, ones);
+        b = _mm512_dpbf16_ps(b, pb, ones);
+        _mm512_store_si512(p + 16 * v, (__m512i)pa);
+        _mm512_store_si512(p + ld + 16 * v, (__m512i)pb);
+    }
+    return _mm512_add_ps(a, b);
 }
-ROWS2_PACKED(exp_rows2_dp, 0)
-ROWS2_PACKED(exp_rows2_rnd, 1)
-ROWS2_PACKED(exp_rows2_fmarnd, 2)
 
+static __attribute__((noinline)) __m512 exp_rows2_dp(const float *s, uint16_t *p, float c,
+                                                     float m)
+{
+    return rows2_variant(s, p, c, m, 0);
+}
+
+static __attribute__((noinline)) __m512 exp_rows2_rnd(const float *s, uint16_t *p, float c,
+                                                      float m)
+{
+    return rows2_variant(s, p, c, m, 1);
+}
+
+static __attribute__((noinline)) __m512 exp_rows2_fmarnd(const float *s, uint16_t *p, float c,
+                                                         float m)
+{
+    return rows2_variant(s, p, c, m, 2);
+}
 
 const char *sdpa__amx_exp_variant_name(int variant);
 const char *sdpa__amx_exp_variant_name(int variant)
@@ -219,7 +228,8 @@ double sdpa__amx_exp_variant_seconds(int variant, long long iters)
 {
     __m512 (*const fn[])(const float *, uint16_t *, float, float) = {
         exp_row_kernel,    exp_row_fma_sums,  exp_row_roundscale, exp_row_magic,
-        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32, exp_rows2_kernel, exp_rows2_dp, exp_rows2_rnd, exp_rows2_fmarnd};
+        exp_row_fmas_only, exp_row_floor_fma, exp_row_t32, exp_rows2_kernel,
+        exp_rows2_dp,      exp_rows2_rnd,     exp_rows2_fmarnd};
     static float s[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     static uint16_t p[EXP_ROWS * EXP_KEYS] __attribute__((aligned(64)));
     for (int j = 0; j < 32; j++) /* 0.699396: (1 + a r) / 2^r closest to 1 on [0, 1/32) */
