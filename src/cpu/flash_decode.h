@@ -298,10 +298,10 @@ decode_block_row(const decode_job *jb, int64_t b, int64_t hk, int r, int64_t j0,
  * weighed[r] the lanes its P V reads. Returns whether every row weighs
  * every lane (then P V runs the rows side by side). bf16_p: P is rounded
  * to bf16 next (decode_block_pairs), so the fast path's exponential is
- * the ISA file's V_EXP_BF16 (6 operations where V_EXP takes 13; 0.98-0.99x
- * a hot bf16 step of 8 rows per KV head against 1024-8192 keys, Zen 4,
- * bench/results/2026-12-05-decode-pairs-exp-bf16-ab-zen4.txt). The sum
- * l is of P before its rounding, as everywhere. */
+ * the ISA file's V_EXP_BF16 (6 operations where V_EXP then took 13, now
+ * 11; 0.98-0.99x a hot bf16 step of 8 rows per KV head against 1024-8192
+ * keys, Zen 4, bench/results/2026-12-05-decode-pairs-exp-bf16-ab-zen4.txt).
+ * The sum l is of P before its rounding, as everywhere. */
 static inline __attribute__((always_inline)) int
 decode_softmax_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
                     const int64_t *limit, const vec *acc, float *o, float *m, float *l,

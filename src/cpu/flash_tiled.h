@@ -360,7 +360,7 @@ static void mask_tile_general(float *st, int bk, const int64_t *idx, int64_t p0,
  * row i lands on fp32 row i, which was read before (i > 0) or just now
  * (i = 0); an odd last key pairs with zero. Their exponential is the ISA
  * file's V_EXP_BF16, e^x to bf16's precision (P is rounded to it), where
- * it has one: on cpu.avx512bf16 6 operations instead of V_EXP's 13.
+ * it has one: on cpu.avx512bf16 6 operations instead of V_EXP's 11.
  */
 static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg, int exact)
 {

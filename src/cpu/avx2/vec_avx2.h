@@ -10,6 +10,8 @@
 #ifndef SDPA_VEC_AVX2_H
 #define SDPA_VEC_AVX2_H
 
+#include "../exp_portable.h"
+
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -74,10 +76,9 @@ static inline __m128i load_halves_part(const uint16_t *p, int n)
 
 static inline __m256 exp256(__m256 x)
 {
-    /* t = x log2(e) = n + f, n = floor(t), f in [0, 1): 2^f by a degree-5
-     * polynomial with constant term 1 (so e^0 = 1 exactly), fitted for
-     * relative error on [0, 1): 8.2e-8, 1.6e-7 evaluated in fp32; 2^n
-     * built in the exponent bits. Clamped at -88, t >= -127, so n >= -127,
+    /* t = x log2(e) = n + f, n = floor(t), f in [0, 1): 2^f by
+     * exp_portable.h's degree-5 polynomial (constant term 1: e^0 = 1
+     * exactly; 1.6e-7 in fp32), 2^n built in the exponent bits. Clamped at -88, t >= -127, so n >= -127,
      * and n = -127 (t < -126, x below -87.34) gives an exponent field of 0:
      * exactly 0, with no compare and mask; every other result is normal
      * (p >= 1), never a denormal (an assist on some cores). 13 operations;
@@ -87,11 +88,11 @@ static inline __m256 exp256(__m256 x)
     const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
     const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m256 f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(1.867112471e-3f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.017067961e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.579988658e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.401644588e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931512952e-1f));
+    __m256 p = _mm256_set1_ps(SDPA_EXP2_C5);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SDPA_EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SDPA_EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SDPA_EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(SDPA_EXP2_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
                                                          _mm256_set1_epi32(127)), 23);

@@ -14,6 +14,8 @@
 #ifndef SDPA_VEC_AVX512_H
 #define SDPA_VEC_AVX512_H
 
+#include "../exp_portable.h"
+
 #include <immintrin.h>
 #include <stddef.h>
 
@@ -62,20 +64,24 @@ typedef __m512 vec;
 
 static inline __m512 exp512(__m512 x)
 {
-    /* lanes at or above -87, and NaN (unordered), are kept */
+    /* lanes at or above -87, and NaN (unordered), are kept; the others
+     * give 0 (a weight of exp(-87) times V would make denormal products:
+     * exp_portable.h) */
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
     x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x); /* x second: NaN stays NaN */
     const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.5403530e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    /* f = t - floor(t) by VREDUCEPS, 2^f by exp_portable.h's degree-5
+     * polynomial, VSCALEFPS by 2^floor(t) (t >= -125.6: a normal result):
+     * 11 operations, where rounding to nearest, subtracting and a degree-6
+     * polynomial took 13 */
+    const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(SDPA_EXP2_C5);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, t));
 }
 
 /*
@@ -84,7 +90,7 @@ static inline __m512 exp512(__m512 x)
  * floor(x) in [0, 1), a degree-3 polynomial 2^f (relative error 8.6e-5,
  * below bf16's 2^-9; its constant term is 1, so 2^0 = 1 exactly and a
  * softmax with one winner gives its V row exactly), VSCALEFPS multiplies
- * by 2^floor(x): 5 operations where exp512 takes 13. -inf gives exactly 0
+ * by 2^floor(x): 5 operations where exp512 takes 11. -inf gives exactly 0
  * (f = 0, scaled by 2^-inf), NaN stays NaN, x below -150 underflows to 0;
  * from -150 to -126 the result is subnormal (exp512 clamps there instead),
  * which the bf16 rounding (VCVTNE2PS2BF16) then flushes to 0.
