@@ -78,12 +78,13 @@ static inline __m256 exp256(__m256 x)
 {
     /* t = x log2(e) = n + f, n = floor(t), f in [0, 1): 2^f by
      * exp_portable.h's degree-5 polynomial (constant term 1: e^0 = 1
-     * exactly; 1.6e-7 in fp32), 2^n built in the exponent bits. Clamped at -88, t >= -127, so n >= -127,
-     * and n = -127 (t < -126, x below -87.34) gives an exponent field of 0:
-     * exactly 0, with no compare and mask; every other result is normal
-     * (p >= 1), never a denormal (an assist on some cores). 13 operations;
-     * the round-to-nearest reduction before (f in [-0.5, 0.5], degree 6,
-     * a compare and a mask for x < -87) took 16. */
+     * exactly; 1.6e-7 in fp32), 2^n built in the exponent bits. Clamped
+     * at -88, t >= -127, so n >= -127, and n = -127 (t < -126, x below
+     * -87.34) gives an exponent field of 0: exactly 0, with no compare and
+     * mask; every other result is normal (p >= 1), never a denormal (an
+     * assist on some cores). 13 operations; the round-to-nearest
+     * reduction before (f in [-0.5, 0.5], degree 6, a compare and a mask
+     * for x < -87) took 16. */
     x = _mm256_max_ps(_mm256_set1_ps(-88.0f), x); /* x second: NaN stays NaN */
     const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
     const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
