@@ -36,15 +36,18 @@ def sdpa_bench(path):
 
 
 def regrets(rows):
-    """{row: (chosen, regret)} for the rows with a choice among the backends run."""
+    """{row: (chosen, regret)} for the rows with a choice among the backends run.
+    Rows whose fastest median is under 0.01 ms (smoke's one-element call,
+    printed as 0.000-0.001) are left out: at three decimals their ratios
+    are rounding, and a 0.000 would divide by zero."""
     by = {}
     for r in rows:
         by.setdefault(r[0], []).append(r)
     out = {}
     for name, rs in by.items():
         chosen = [r for r in rs if r[8]]
-        if chosen:
-            best = min(r[5] for r in rs)
+        best = min(r[5] for r in rs)
+        if chosen and best >= 0.01:
             out[name] = (chosen[0][4], chosen[0][5] / best - 1)
     return out
 

@@ -26,10 +26,10 @@
  */
 int sdpa__cpu_amx_emulated_rows2_mismatches(double (*uniform)(void))
 {
-    enum { KEYS = 256 };
+    enum { KEYS = 256, PS = KEYS + 32 }; /* P's rows further apart than S's, as in the kernel */
     static const int nvs[] = {2, 4, 6, 16}; /* one step, two, three, a long block */
     float s[2 * KEYS] __attribute__((aligned(64)));
-    uint16_t p_rows2[2 * KEYS] __attribute__((aligned(64)));
+    uint16_t p_rows2[KEYS + PS] __attribute__((aligned(64)));
     uint16_t p_row[2 * KEYS] __attribute__((aligned(64)));
     float sum_rows2[2][16], sum_row[2][16];
     int bad = 0;
@@ -40,13 +40,13 @@ int sdpa__cpu_amx_emulated_rows2_mismatches(double (*uniform)(void))
         for (int i = 0; i < 2 * KEYS; i++) /* c s - m from about -40 up to P_LIMIT's 2^8 */
             s[i] = ((float)(24 * uniform()) - 16 + (i < KEYS ? m0 : m1)) / c;
         __m512 a, b;
-        exp_rows2(s, p_rows2, KEYS, nv, c, m0, m1, &a, &b);
+        exp_rows2(s, p_rows2, KEYS, PS, nv, c, m0, m1, &a, &b);
         _mm512_storeu_ps(sum_rows2[0], a);
         _mm512_storeu_ps(sum_rows2[1], b);
         _mm512_storeu_ps(sum_row[0], exp_row(s, p_row, nv, 16 * nv, c, m0, 0));
         _mm512_storeu_ps(sum_row[1], exp_row(s + KEYS, p_row + KEYS, nv, 16 * nv, c, m1, 0));
         for (int r = 0; r < 2; r++)
-            bad += memcmp(p_rows2 + r * KEYS, p_row + r * KEYS, 32u * (unsigned)nv) != 0 ||
+            bad += memcmp(p_rows2 + r * PS, p_row + r * KEYS, 32u * (unsigned)nv) != 0 ||
                    memcmp(sum_rows2[r], sum_row[r], sizeof sum_row[r]) != 0;
     }
     return bad;

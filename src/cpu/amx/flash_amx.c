@@ -53,7 +53,7 @@
  * Windows and block maps (sdpa.h): the long path, a row space per head (a
  * query block then lies in one map row). A task visits only the key
  * blocks its map rows list (the others are passed over without a lookup),
- * consecutive ones that all its map rows list joined up to 256 keys
+ * consecutive ones that all its map rows list joined up to 512 keys
  * (key_block_keys); a (query block, key block) pair that the window, the
  * map or a partial block's bits hide entirely is skipped, and so is each
  * 32-key group of a pair that the bits hide from all its rows (neither its
@@ -106,7 +106,22 @@
 #endif
 
 #define BQ 32           /* query rows per block: two A tiles of 16 rows      */
-#define BK_LONG 256     /* keys per block past the short path                 */
+/*
+ * Block sizes, measured on real tiles (an Emerald Rapids Xeon, 2 cores:
+ * bench/results/2026-12-05-amx-blocks-ab-emr.txt, long rows 0.76-0.90x the
+ * time of 256-key blocks, 4 query blocks a task and S rows kb apart). The
+ * tile unit does not overlap a TILESTORED or a C-tile TILELOADD with the
+ * products: each costs about 45 cycles beside them (16 alone), so the O
+ * tiles' loads and stores, once per 32 head dims and key block, are
+ * halved by 512-key blocks; a task's key block comes from L3 for its
+ * first query block (tile loads from beyond L2 ran 3x slower in a probe,
+ * not kept) and from L2 for the others, 16 of them now; and S's rows
+ * 2 KB apart put a C tile's 16 stored rows in two cache sets (padding
+ * them 64 bytes: 2-4% on one thread).
+ */
+#define BK_LONG 512     /* keys per block past the short path                 */
+#define QB_LONG 16      /* query blocks a task keeps resident, at most        */
+#define S_PAD 16        /* floats between S's rows beyond kb                  */
 #define SHORT_KEYS 512  /* up to here one block holds every key: one softmax  */
 #define PACK_KEYS 128   /* keys per packing task                              */
 #define PACK_SLOTS 8    /* and KV heads (slots of the group), at most         */
@@ -146,6 +161,7 @@ typedef struct amx_job {
     int64_t Dp;              /* D rounded up to 32: Q and K (reduction)     */
     int64_t Dv;              /* D rounded up to 16: V and O (output columns) */
     int64_t kb;              /* keys per block, at most (a multiple of 32)  */
+    int64_t ss, ps;          /* row strides of S (floats) and P (bf16)      */
     int64_t kp;              /* keys of room per slot: Skv rounded up to 32 */
     int is_short;            /* one block holds every key                   */
     int sparse;              /* a window or a block map (sdpa.h)            */
@@ -384,7 +400,7 @@ static amx_scores scores_begin(const amx_job *jb, const amx_qblock *qb, const am
 
 static inline void scores_step(const amx_job *jb, amx_scores *a)
 {
-    const int64_t Dp = jb->Dp, nch = Dp / 32, ld = jb->kb * 4;
+    const int64_t Dp = jb->Dp, nch = Dp / 32, ld = jb->ss * 4;
     const int64_t g = a->step / nch, ch = a->step % nch;
     const uint16_t *q = a->qb->q;
     if (!(a->groups >> g & 1)) { /* no row sees these keys: their scores are -inf'd unread */
@@ -409,8 +425,8 @@ static inline void scores_step(const amx_job *jb, amx_scores *a)
         float *s = a->s + g * 32;
         TILE_STORE(0, s, ld);
         TILE_STORE(1, s + 16, ld);
-        TILE_STORE(2, s + 16 * jb->kb, ld);
-        TILE_STORE(3, s + 16 * jb->kb + 16, ld);
+        TILE_STORE(2, s + 16 * jb->ss, ld);
+        TILE_STORE(3, s + 16 * jb->ss + 16, ld);
     }
     a->step++;
 }
@@ -432,7 +448,7 @@ static inline void scores_run(const amx_job *jb, amx_scores *a, int done)
 static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, const amx_slot *sl,
                    int64_t p0, int bkp, unsigned groups)
 {
-    const int64_t Dv = jb->Dv, ng = Dv / 16, ld = jb->kb * 2;
+    const int64_t Dv = jb->Dv, ng = Dv / 16, ld = jb->ps * 2;
     const uint16_t *v = sl->v + (p0 / 32) * ng * 512;
     int64_t g = 0;
     for (; g + 1 < ng; g += 2) {
@@ -452,7 +468,7 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
             if (!(groups >> ch & 1))
                 continue;
             TILE_LOAD(4, w->p + ch * 32, ld);
-            TILE_LOAD(5, w->p + 16 * jb->kb + ch * 32, ld);
+            TILE_LOAD(5, w->p + 16 * jb->ps + ch * 32, ld);
             TILE_LOAD(6, v + (ch * ng + g) * 512, 64);
             TILE_LOAD(7, v + (ch * ng + g + 1) * 512, 64);
             TILE_DPBF16PS(0, 4, 6);
@@ -478,7 +494,7 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
             if (!(groups >> ch & 1))
                 continue;
             TILE_LOAD(4, w->p + ch * 32, ld);
-            TILE_LOAD(5, w->p + 16 * jb->kb + ch * 32, ld);
+            TILE_LOAD(5, w->p + 16 * jb->ps + ch * 32, ld);
             TILE_LOAD(6, v + (ch * ng + g) * 512, 64);
             TILE_DPBF16PS(0, 4, 6);
             TILE_DPBF16PS(2, 5, 6);
@@ -547,14 +563,14 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
  * of a row (a probe, not kept); the whole tile-less kernel, a few percent.
  * test_grid holds it to exp_row bit for bit. */
 static inline __attribute__((always_inline)) void
-exp_rows2(const float *s, uint16_t *p, int64_t ld, int nv, float c, float m0, float m1,
+exp_rows2(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, float c, float m0, float m1,
           __m512 *sum_0, __m512 *sum_1)
 {
     const __m512 cv = _mm512_set1_ps(c), nm0 = _mm512_set1_ps(-m0), nm1 = _mm512_set1_ps(-m1);
     const __m512 one = _mm512_set1_ps(1.0f);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-    const float *t = s + ld;
-    uint16_t *q = p + ld;
+    const float *t = s + ls;
+    uint16_t *q = p + lp;
     /* x: c s - m of the step's four vectors (row 0's two, row 1's two), f their fractions */
     __m512 x0 = _mm512_fmadd_ps(_mm512_load_ps(s), cv, nm0);
     __m512 x1 = _mm512_fmadd_ps(_mm512_load_ps(s + 16), cv, nm0);
@@ -859,27 +875,27 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     const flash_task *tk = at->tk;
     const sdpa_mask *mk = jb->c->mask && jb->c->mask->general ? jb->c->mask : NULL;
     const int nv = at->bkp / 16;
-    const int64_t kb = jb->kb, Dv = jb->Dv;
+    const int64_t ss = jb->ss, ps = jb->ps, Dv = jb->Dv;
     if (!at->causal && !mk && !at->sparse) {
         const float c = jb->c_log2;
         for (int r = 0; r < BQ; r += 2) { /* BQ is even */
             const float m0 = qb->m[r], m1 = qb->m[r + 1];
-            float *s = sbuf + r * kb;
-            uint16_t *p = w->p + r * kb;
+            float *s = sbuf + r * ss;
+            uint16_t *p = w->p + r * ps;
             if (at->bk == 16 * nv && fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f) {
                 /* both rows past their first block (-inf fails the test) */
                 __m512 sum[2];
-                exp_rows2(s, p, kb, nv, c, m0, m1, &sum[0], &sum[1]);
+                exp_rows2(s, p, ss, ps, nv, c, m0, m1, &sum[0], &sum[1]);
                 for (int i = 0; i < 2; i++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
                     if (_mm512_cmp_ps_mask(sum[i], _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ))
-                        softmax_row(s + i * kb, p + i * kb, nv, at->bk, c, qb, r + i, Dv);
+                        softmax_row(s + i * ss, p + i * ps, nv, at->bk, c, qb, r + i, Dv);
                     else
                         _mm512_store_ps(qb->l + 16 * (r + i),
                                         _mm512_add_ps(_mm512_load_ps(qb->l + 16 * (r + i)), sum[i]));
                 }
             } else {
                 softmax_row(s, p, nv, at->bk, c, qb, r, Dv);
-                softmax_row(s + kb, p + kb, nv, at->bk, c, qb, r + 1, Dv);
+                softmax_row(s + ss, p + ps, nv, at->bk, c, qb, r + 1, Dv);
             }
             scores_run(jb, ahead, r + 2);
         }
@@ -887,7 +903,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     }
     int64_t seen = 0; /* with kidx: the keys of the block row r sees (ascending in r) */
     for (int r = 0; r < BQ; r++) {
-        float *s = sbuf + r * kb;
+        float *s = sbuf + r * ss;
         int limit = at->bk;
         if (at->causal) {
             const int64_t last = at->i0 + r + tk->offset; /* the last key number it sees */
@@ -909,7 +925,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
             mask_general_row(mk, tk->b, h, i, at->kidx, at->p0, s, limit, c);
             c = 1.0f;
         }
-        softmax_row(s, w->p + r * kb, nv, limit, c, qb, r, Dv);
+        softmax_row(s, w->p + r * ps, nv, limit, c, qb, r, Dv);
         scores_run(jb, ahead, r + 1);
     }
 }
@@ -1278,17 +1294,19 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
     /* a map's key blocks (64 or 128 keys) are joined up to BK_LONG keys
      * where they are listed in a row (key_block_keys) */
     jb.kb = jb.is_short ? jb.kp : BK_LONG;
+    jb.ss = jb.kb + S_PAD;
+    jb.ps = jb.kb;
     jb.split = flash_split_make(d, BQ, threads, !jb.sparse && flash_groups_heads(c, BQ),
-                                jb.is_short ? 16 : 4, jb.is_short ? 2 : 4);
+                                jb.is_short ? 16 : QB_LONG, jb.is_short ? 2 : 4);
     jb.spaces_per_slot = jb.split.group > 1 ? 1 : d->Hq / d->Hkv;
     jb.c_log2 = (float)(fabs(c->scale) * LOG2E);
     jb.qsign = c->scale < 0 ? 0x8000 : 0;
-    const int64_t Dp = jb.Dp, Dv = jb.Dv, kb = jb.kb, kv_rows = d->B * d->Hkv;
+    const int64_t Dp = jb.Dp, Dv = jb.Dv, kv_rows = d->B * d->Hkv;
     /* per thread: resident query blocks, S, P, a stage of 32 rows */
     const int resident = jb.is_short ? 2 : jb.split.qb_per_task;
     const size_t per_qb = R64(BQ * Dp * 2) + R64(BQ * Dv * 4) + R64(BQ * 4) + R64(BQ * 16 * 4);
     const size_t listed = jb.map_blocks ? R64(2 * c->mask->blocks->kv_blocks) : 0;
-    const size_t per_thread = per_qb * (size_t)resident + 2 * R64(BQ * kb * 4) + R64(BQ * kb * 2) +
+    const size_t per_thread = per_qb * (size_t)resident + 2 * R64(BQ * jb.ss * 4) + R64(BQ * jb.ps * 2) +
                               R64(32 * Dp * 2) + listed;
     /* per slot: packed K and V, the visible keys under a key mask */
     const size_t per_slot =
@@ -1318,12 +1336,12 @@ static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
             w->qb[q].l = (float *)p, p += R64(BQ * 16 * 4);
         }
         for (int i = 0; i < 2; i++) {
-            w->s[i] = (float *)p, p += R64(BQ * kb * 4);
+            w->s[i] = (float *)p, p += R64(BQ * jb.ss * 4);
 #ifdef SDPA_AMX_NO_TILES
-            memset(w->s[i], 0, sizeof(float) * (size_t)(BQ * kb)); /* never written by tiles */
+            memset(w->s[i], 0, sizeof(float) * (size_t)(BQ * jb.ss)); /* never written by tiles */
 #endif
         }
-        w->p = (uint16_t *)p, p += R64(BQ * kb * 2);
+        w->p = (uint16_t *)p, p += R64(BQ * jb.ps * 2);
         w->stage = (uint16_t *)p, p += R64(32 * Dp * 2);
         w->listed = listed ? (uint8_t *)p : NULL, p += listed;
     }
