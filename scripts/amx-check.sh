@@ -12,6 +12,8 @@
 #   4. bench_amx_cost: what cpu.amx spends outside the tiles, in cycles per
 #      score (its kernel with the tile work compiled out, beside it), and
 #      the softmax's exponential alone (--softmax: that part's floor);
+#      bench_amx_tiles: what the tile unit charges for the loads and
+#      stores around its products, one core;
 #   5. bench/peers bf16 on diffusion-cpu (PyTorch, oneDNN), in the venv
 #      scripts/python-test.sh keeps (made here if missing);
 #   6. the FLUX-shaped diffusers transformer forward in bf16, libsdpa's
@@ -42,7 +44,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== amx-check: build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$jobs" --target sdpa_tool test_grid bench_amx_cost >/dev/null
+cmake --build build -j"$jobs" --target sdpa_tool test_grid bench_amx_cost bench_amx_tiles >/dev/null
 
 tag=${SDPA_CPU_TAG:-$(python3 - <<'EOF'
 # the CPU's short name from /proc/cpuinfo (x86): family and model numbers
@@ -120,6 +122,7 @@ cost_suite=diffusion-cpu
 step "cpu.amx outside the tiles ($cost_suite)" amx-cost build/bench_amx_cost --suite "$cost_suite" \
   --reps $((reps + 2))
 step "the softmax's exponential alone" amx-softmax build/bench_amx_cost --softmax --reps $((reps + 2))
+step "the tile unit's charges beside its products" amx-tiles build/bench_amx_tiles --reps $((2 * reps + 3))
 
 if [ $quick = 0 ]; then
   scripts/deps.sh

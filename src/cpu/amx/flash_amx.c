@@ -110,14 +110,14 @@
  * Block sizes, measured on real tiles (an Emerald Rapids Xeon, 2 cores:
  * bench/results/2026-12-05-amx-blocks-ab-emr.txt, long rows 0.76-0.90x the
  * time of 256-key blocks, 4 query blocks a task and S rows kb apart). The
- * tile unit does not overlap a TILESTORED or a C-tile TILELOADD with the
- * products: each costs about 45 cycles beside them (16 alone), so the O
- * tiles' loads and stores, once per 32 head dims and key block, are
- * halved by 512-key blocks; a task's key block comes from L3 for its
- * first query block (tile loads from beyond L2 ran 3x slower in a probe,
- * not kept) and from L2 for the others, 16 of them now; and S's rows
- * 2 KB apart put a C tile's 16 stored rows in two cache sets (padding
- * them 64 bytes: 2-4% on one thread).
+ * tile unit charges for what surrounds its products (bench_amx_tiles, one
+ * core, bench/results/2026-12-05-amx-tiles-emr.txt): P V over 512 keys at
+ * D = 128 took 1.60x the register-only time per product with O's C tiles
+ * loaded and stored around it, 1.27x without, so 512-key blocks halve the
+ * O traffic of 256; tiles streamed from beyond L2 took 6.2x, and a task's
+ * key block comes from L3 for its first query block and from L2 for the
+ * others, 16 of them now; S's rows 2 KB apart put a C tile's 16 stored
+ * rows in two cache sets (padding them 64 bytes: 2-4% on one thread).
  */
 #define BK_LONG 512     /* keys per block past the short path                 */
 #define QB_LONG 16      /* query blocks a task keeps resident, at most        */
