@@ -675,6 +675,14 @@ for plat, dtype, rule, without in (
           f"explain --backward on {plat}: {d.get('rule')} {d['candidates']}")
     check(all("has no backward pass" in d["rejected"][b] for b in without),
           f"explain --backward on {plat}, reasons: {d['rejected']}")
+# short backward calls (up to 48 queries and keys) put cpu.avx2 first; 64 do not
+for shape, rule, first in (("1,26,26,16,2,128", "cpu-backward-short", "cpu.avx2"),
+                           ("1,48,48,8,8,64", "cpu-backward-short", "cpu.avx2"),
+                           ("1,64,64,16,2,128", "cpu-backward", "cpu.avx512"),
+                           ("1,26,1024,16,2,128", "cpu-backward", "cpu.avx512")):
+    d = explain("--platform", "cpu:features=avx2+avx512", "--shape", shape, "--backward")
+    check((d.get("rule") or {}).get("name") == rule and d["candidates"][:1] == [first],
+          f"explain --backward {shape}: {d.get('rule')} {d['candidates']}")
 d = explain("--platform", "cuda:sm_100", "--shape", "1,4096,4096,24,24,128", "--backward")
 check(d["candidates"] == [] and "no backward pass" in d["rejected"]["cuda.cudnn"],
       f"explain --backward on a GPU: {d['candidates']} {d['rejected']}")
