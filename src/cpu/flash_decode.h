@@ -8,7 +8,8 @@
  * head on its ISA file's pair products instead (DECODE_PAIRS: VDPBF16PS
  * on K and V in place, P rounded to bf16, decode_block_pairs), the rest
  * on fp32 products as everywhere; cpu.amx runs cpu.avx512's build
- * (avx512/decode_avx512.h): tiles for one row cost more than the products.
+ * (avx512/decode_avx512.h): tiles for one row cost more than the products
+ * (its 2-16 unmasked bf16 rows per KV head run on tiles: amx/decode_amx.h).
  *
  * A block of query tiles buys nothing with one query: packing K and V for
  * it costs as much as using them, and 47 of a 48-lane block would be

@@ -449,6 +449,34 @@ static void grid(const char *backend)
             check_case(backend, &c);
         }
     }
+    /* 2-16 grouped-query rows per KV head in bf16 with no mask (cpu.amx
+     * runs them on tiles with K in place, S^T = K Q^T: decode_amx.h): every
+     * count of rows from 2 to 16, key blocks of 64 with a tail (1, 16, 63,
+     * 65 keys), keys cut into chunks and merged (one or two KV heads
+     * against 1100-5000 keys), KV heads in two groups (12), head dims 32
+     * to 256, every layout and output dtype, a negative scale, peaked
+     * values; non-finite values on 16 rows of one KV head */
+    {
+        static const int64_t tile_rows[][6] = {
+            {1, 1, 1, 2, 1, 32},      {1, 1, 16, 3, 1, 64},     {2, 1, 63, 8, 2, 128},
+            {1, 2, 65, 10, 2, 96},    {1, 1, 1100, 16, 1, 128}, {1, 3, 5000, 8, 2, 64},
+            {2, 1, 333, 84, 12, 128}, {1, 4, 700, 16, 4, 256},  {1, 16, 200, 1, 1, 64},
+            {1, 5, 129, 3, 1, 32},    {1, 1, 2000, 7, 1, 160},  {3, 2, 90, 24, 4, 192},
+            {1, 13, 77, 1, 1, 224},   {1, 1, 4096, 11, 1, 128}, {1, 2, 64, 12, 2, 64}};
+        for (size_t i = 0; i < sizeof tile_rows / sizeof *tile_rows; i++) {
+            const int64_t *x = tile_rows[i];
+            c = mk(x[0], x[1], x[2], x[3], x[4], x[5]);
+            c.dtype = SDPA_BF16;
+            c.layout = (tl_layout)(i % 4);
+            c.out_dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
+            c.values = i % 3 == 1 ? TL_PEAKED : TL_UNIFORM;
+            c.scale = i % 5 == 3 ? -0.2 : 0.0;
+            check_case(backend, &c);
+        }
+        c = mk(1, 2, 3000, 8, 1, 128);
+        c.dtype = SDPA_BF16;
+        nonfinite_cases(backend, c);
+    }
     /* Mixed dtypes: q in one dtype, k and v in another (f32 queries over
      * an f16 or bf16 cache, as stable-diffusion.cpp calls it, and the
      * reverse), through every path of the CPU kernels: short and long key

@@ -119,15 +119,26 @@ static void test_cpu_rules_per_cpu(void)
     decide(ctx, &d);
     FIRST("cpu.avx512bf16");
     sdpa_context_destroy(ctx);
-    /* A few bf16 tokens on AMX against a few keys: cpu.avx512
-     * (cpu-amx-bf16-decode); grouped-query calls and long key ranges stay
-     * on the tiles. */
+    /* A few bf16 tokens on AMX against a few keys: cpu.amx's few-rows
+     * tile path where it takes them (2-16 tokens, no mask, D a multiple of
+     * 32: cpu-amx-bf16-rows), else cpu.avx512 (one token, a head dim of
+     * 72: cpu-amx-bf16-decode); grouped-query calls and long key ranges
+     * stay on the tiles. */
     ctx = tl_context(cpus[0].platform);
     d = cpu_call();
     d.dtype = SDPA_BF16, d.Sq = 16, d.Skv = 16, d.Hq = d.Hkv = 8, d.D = 64;
     decide(ctx, &d);
+    FIRST("cpu.amx");
+    CHECK(strcmp(dec.rule, "cpu-amx-bf16-rows") == 0, "rule %s", dec.rule);
+    d.D = 72;
+    decide(ctx, &d);
     FIRST("cpu.avx512");
     CHECK(strcmp(dec.rule, "cpu-amx-bf16-decode") == 0, "rule %s", dec.rule);
+    d.D = 64, d.Sq = 1;
+    decide(ctx, &d);
+    FIRST("cpu.avx512");
+    CHECK(strcmp(dec.rule, "cpu-amx-bf16-decode") == 0, "rule %s", dec.rule);
+    d.Sq = 16;
     d.Hkv = 4;
     decide(ctx, &d);
     FIRST("cpu.amx");

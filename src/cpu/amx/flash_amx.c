@@ -45,10 +45,12 @@
  * its max: softmax_row). Costs, the tiles'
  * budget and how they were measured: README "cpu.amx" and bench/amx_cost.c.
  *
- * Few queries (at most eight rows per KV head: a decode step, one token):
- * cpu.avx512's few-query path (avx512/decode_avx512.h), fp32 products on
- * K and V read in place; packing tiles for one row costs more than the
- * products.
+ * Few queries: 2-16 rows per KV head in bf16 without a mask (grouped-query
+ * decode steps, a few tokens) on tiles with K read in place, S^T = K Q^T
+ * (decode_amx.h); otherwise at most eight rows per KV head (one token per
+ * head, masks, f16) go to cpu.avx512's few-query path
+ * (avx512/decode_avx512.h), fp32 products on K and V read in place:
+ * packing tiles for one row costs more than the products.
  *
  * Windows and block maps (sdpa.h): the long path, a row space per head (a
  * query block then lies in one map row). A task visits only the key
@@ -272,17 +274,16 @@ static void pack_k32(const amx_job *jb, const amx_slot *sl, const uint16_t *cons
     }
 }
 
-/* The same keys of V into tile row j0/32 of every head-dim group: row r
- * of a tile interleaves keys 2r and 2r + 1 over its 16 head dims. */
-static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *const rows[32], int n,
-                     int64_t j0)
+/* 32 keys of V (rows[0 .. n), the rest zero) as one tile row of every
+ * head-dim group at vt: row r of a group's tile interleaves keys 2r and
+ * 2r + 1 over its 16 head dims (ng groups of 512 bf16). */
+static void interleave_v32(const uint16_t *const rows[32], int n, int64_t D, int64_t ng,
+                           uint16_t *vt)
 {
-    const int64_t D = jb->c->desc.D, ng = jb->Dv / 16;
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
                                         32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    uint16_t *vt = sl->v + (j0 / 32) * ng * 512;
     for (int64_t g = 0; g < ng; g += 2) {
         const int64_t d = g * 16;
         for (int r = 0; r < 16; r++) {
@@ -295,6 +296,14 @@ static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *cons
                                    _mm512_permutex2var_epi16(a, hi, b));
         }
     }
+}
+
+/* The same keys of V into tile row j0/32 of every head-dim group. */
+static void pack_v32(const amx_job *jb, const amx_slot *sl, const uint16_t *const rows[32], int n,
+                     int64_t j0)
+{
+    const int64_t ng = jb->Dv / 16;
+    interleave_v32(rows, n, jb->c->desc.D, ng, sl->v + (j0 / 32) * ng * 512);
 }
 
 /* Packing task: PACK_KEYS keys of up to PACK_SLOTS slots of the group, 32
@@ -1271,9 +1280,13 @@ static void slot_keys(const sdpa_call *c, amx_slot *sl, int64_t bh)
 
 #define R64(x) (((size_t)(x) + 63) / 64 * 64)
 
+#include "decode_amx.h"
+
 static sdpa_status amx_run(const sdpa_backend *self, const sdpa_call *c)
 {
-    if (sdpa__cpu_avx512_decode_applies(c)) /* few queries per head: no tiles for one row */
+    if (adec_applies(c)) /* 2-16 grouped-query rows per KV head, bf16: K in place */
+        return adec_run(self, c);
+    if (sdpa__cpu_avx512_decode_applies(c)) /* one row per head, masks, f16: fp32 products */
         return sdpa__cpu_avx512_decode_run(self, c);
     const sdpa_call_desc *d = &c->desc;
     sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
