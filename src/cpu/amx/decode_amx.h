@@ -80,27 +80,23 @@ static int adec_applies(const sdpa_call *c)
 
 #define ADEC_R64(x) (((size_t)(x) + 63) / 64 * 64)
 
-static adec_ws adec_carve(const adec_job *jb, int worker)
+/* A thread's workspace for H KV heads of head dim D at base (NULL: only
+ * its size, returned either way). */
+static size_t adec_layout(int64_t H, int64_t D, char *base, adec_ws *w)
 {
-    const int64_t D = jb->D, H = jb->hg_len;
-    char *p = jb->ws + (size_t)worker * jb->ws_bytes;
-    adec_ws w;
-    w.qt = (uint16_t *)p, p += ADEC_R64(H * jb->nch * 512 * 2);
-    w.o = (float *)p, p += ADEC_R64(H * 16 * D * 4);
-    w.m = (float *)p, p += ADEC_R64(H * 16 * 4);
-    w.l = (float *)p, p += ADEC_R64(H * 16 * 4);
-    w.st = (float *)p, p += ADEC_R64(ADEC_KEYS * 16 * 4);
-    w.p = (uint16_t *)p, p += ADEC_R64(2 * 512 * 2);
-    w.vt = (uint16_t *)p, p += ADEC_R64(2 * (D / 16) * 512 * 2);
-    w.ks = (uint16_t *)p;
-    return w;
-}
-
-static size_t adec_ws_bytes(int64_t H, int64_t D)
-{
-    return ADEC_R64(H * (D / 32) * 512 * 2) + ADEC_R64(H * 16 * D * 4) + 2 * ADEC_R64(H * 16 * 4) +
-           ADEC_R64(ADEC_KEYS * 16 * 4) + ADEC_R64(2 * 512 * 2) + ADEC_R64(2 * (D / 16) * 512 * 2) +
-           ADEC_R64(ADEC_KEYS * D * 2);
+    size_t at = 0;
+#define ADEC_PART(field, type, bytes) \
+    (w->field = base ? (type *)(base + at) : NULL, at += ADEC_R64(bytes))
+    ADEC_PART(qt, uint16_t, H * (D / 32) * 512 * 2);
+    ADEC_PART(o, float, H * 16 * D * 4);
+    ADEC_PART(m, float, H * 16 * 4);
+    ADEC_PART(l, float, H * 16 * 4);
+    ADEC_PART(st, float, ADEC_KEYS * 16 * 4);
+    ADEC_PART(p, uint16_t, 2 * 512 * 2);
+    ADEC_PART(vt, uint16_t, 2 * (D / 16) * 512 * 2);
+    ADEC_PART(ks, uint16_t, ADEC_KEYS * D * 2);
+#undef ADEC_PART
+    return at;
 }
 
 static inline const uint16_t *adec_row(const sdpa_tensor *t, int64_t b, int64_t j, int64_t h)
@@ -268,18 +264,8 @@ static void adec_block(const adec_job *jb, const adec_ws *w, int hi, int64_t b, 
 static void adec_store(const adec_job *jb, int64_t b, int64_t hk, int r, const float *o, float m,
                        float l)
 {
-    const sdpa_call *c = jb->c;
-    const sdpa_tensor *out = c->out;
-    const int64_t h = hk * jb->group + r / c->desc.Sq, i = r % c->desc.Sq;
-    const float mn = m / LOG2E, mul = sdpa__result_mul(l, 0);
-    if (out->stride[3] == 1 && mul != 0.0f && mul == mul) {
-        store_row_unit((char *)out->data +
-                           sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype),
-                       out->dtype, o, jb->D, mul);
-        sdpa__store_lse(c, b, i, h, mn, l);
-    } else {
-        sdpa__store_result(c, b, i, h, o, mn, l, 0);
-    }
+    const int64_t Sq = jb->c->desc.Sq;
+    store_row(jb->c, b, hk * jb->group + r / Sq, r % Sq, o, m, l);
 }
 
 static void adec_task(void *arg, int64_t task, int worker)
@@ -287,7 +273,8 @@ static void adec_task(void *arg, int64_t task, int worker)
     const adec_job *jb = arg;
     const sdpa_call *c = jb->c;
     const sdpa_call_desc *d = &c->desc;
-    const adec_ws w = adec_carve(jb, worker);
+    adec_ws w;
+    adec_layout(jb->hg_len, jb->D, jb->ws + (size_t)worker * jb->ws_bytes, &w);
     const int64_t kc = task % jb->n_kc, hg = task / jb->n_kc % jb->n_hg,
                   b = task / jb->n_kc / jb->n_hg;
     const int64_t hk0 = hg * jb->hg_len,
@@ -342,14 +329,14 @@ static void adec_merge(void *arg, int64_t bh, int worker)
         float l = 0.0f;
         memset(acc, 0, sizeof(float) * (size_t)D);
         for (int64_t kc = 0; kc < jb->n_kc; kc++) {
-            const float *q = pt + kc * (16 * D + 32);
-            const float m = q[16 * D + r];
+            const float *ck = pt + kc * (16 * D + 32);
+            const float m = ck[16 * D + r];
             /* a chunk whose scores are all -inf (or NaN) kept m = -inf: its
              * O and l are 0 (or NaN, which must reach the row) as they are */
             const float a = m == -INFINITY ? 1.0f : exp2f(m - top);
-            l += a * q[16 * D + 16 + r];
+            l += a * ck[16 * D + 16 + r];
             for (int64_t x = 0; x < D; x++)
-                acc[x] += a * q[r * D + x];
+                acc[x] += a * ck[r * D + x];
         }
         adec_store(jb, bh / Hkv, bh % Hkv, r, acc, top, l);
     }
@@ -384,7 +371,8 @@ static sdpa_status adec_run(const sdpa_backend *self, const sdpa_call *c)
     jb.n_kc = (d->Skv + jb.kc_len - 1) / jb.kc_len;
     jb.c_log2 = (float)(fabs(c->scale) * LOG2E);
     jb.qsign = c->scale < 0 ? 0x8000 : 0;
-    jb.ws_bytes = adec_ws_bytes(jb.hg_len, jb.D);
+    adec_ws sizes;
+    jb.ws_bytes = adec_layout(jb.hg_len, jb.D, NULL, &sizes);
     const size_t part = jb.n_kc > 1 ? ADEC_R64((size_t)(d->B * d->Hkv * jb.n_kc) *
                                                (size_t)(16 * jb.D + 32) * sizeof(float))
                                     : 0;

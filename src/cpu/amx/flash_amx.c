@@ -964,26 +964,33 @@ static void store_row_unit(void *dst, sdpa_dtype t, const float *o, int64_t D, f
     }
 }
 
-/* Rows i0 .. i0 + rows of O / l to the output, LSE in natural units; rows
- * at or past len_q are padding (sdpa.h): zeros and LSE -inf. */
+/* One row (query head h, query i) of O / l to the output, LSE in natural
+ * units from m (log2 units of the scaled scores). */
+static void store_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, const float *o, float m,
+                      float l)
+{
+    const sdpa_tensor *out = c->out;
+    const float mn = m / LOG2E, mul = sdpa__result_mul(l, 0);
+    if (out->stride[3] == 1 && mul != 0.0f && mul == mul) {
+        store_row_unit((char *)out->data +
+                           sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype),
+                       out->dtype, o, c->desc.D, mul);
+        sdpa__store_lse(c, b, i, h, mn, l);
+    } else { /* zeros, NaN rows, strided outputs */
+        sdpa__store_result(c, b, i, h, o, mn, l, 0);
+    }
+}
+
+/* Rows i0 .. i0 + rows of O / l to the output; rows at or past len_q are
+ * padding (sdpa.h): zeros and LSE -inf. */
 static void store_out(const amx_job *jb, const amx_qblock *qb, const flash_task *tk, int64_t i0,
                       int rows)
 {
-    const sdpa_call *c = jb->c;
-    const sdpa_tensor *out = c->out;
     for (int r = 0; r < rows; r++) {
         int64_t h, i;
         flash_row(tk, i0 + r, &h, &i);
         const float l = i < tk->len_q ? _mm512_reduce_add_ps(_mm512_load_ps(qb->l + 16 * r)) : 0.0f;
-        const float m = qb->m[r] / LOG2E, mul = sdpa__result_mul(l, 0);
-        if (out->stride[3] == 1 && mul != 0.0f && mul == mul) {
-            store_row_unit((char *)out->data + sdpa__offset(out, tk->b, i, h, 0) *
-                                                   (int64_t)sdpa_dtype_size(out->dtype),
-                           out->dtype, qb->o + r * jb->Dv, c->desc.D, mul);
-            sdpa__store_lse(c, tk->b, i, h, m, l);
-        } else { /* zeros, NaN rows, strided outputs */
-            sdpa__store_result(c, tk->b, i, h, qb->o + r * jb->Dv, m, l, 0);
-        }
+        store_row(jb->c, tk->b, h, i, qb->o + r * jb->Dv, qb->m[r], l);
     }
 }
 
