@@ -319,7 +319,9 @@ static void adec_merge(void *arg, int64_t bh, int worker)
     const adec_job *jb = arg;
     const int64_t D = jb->D, Hkv = jb->c->desc.Hkv;
     const float *pt = jb->part + bh * jb->n_kc * (16 * D + 32);
-    float *acc = (float *)(jb->ws + (size_t)worker * jb->ws_bytes); /* the task's o area */
+    adec_ws w; /* the worker's O area (its tasks are done) holds the sum */
+    adec_layout(jb->hg_len, D, jb->ws + (size_t)worker * jb->ws_bytes, &w);
+    float *acc = w.o;
     for (int r = 0; r < jb->rows; r++) {
         float top = -INFINITY;
         for (int64_t kc = 0; kc < jb->n_kc; kc++) {
