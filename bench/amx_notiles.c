@@ -113,7 +113,7 @@ static __attribute__((noinline)) __m512 exp_rows2_kernel(const float *s, uint16_
     if ((s - exp_rows_base) / EXP_KEYS % 2)
         return _mm512_setzero_ps();
     __m512 a, b;
-    exp_rows2(s, p, EXP_KEYS, EXP_KEYS, EXP_KEYS / 16, c, m, m, &a, &b);
+    exp_rows2(s, p, EXP_KEYS, EXP_KEYS, EXP_KEYS / 16, EXP_KEYS, c, m, m, &a, &b);
     return _mm512_add_ps(a, b);
 }
 

@@ -39,15 +39,59 @@ int sdpa__cpu_amx_emulated_rows2_mismatches(double (*uniform)(void))
         const float m0 = (float)(4 * uniform()), m1 = (float)(40 * uniform());
         for (int i = 0; i < 2 * KEYS; i++) /* c s - m from about -40 up to P_LIMIT's 2^8 */
             s[i] = ((float)(24 * uniform()) - 16 + (i < KEYS ? m0 : m1)) / c;
-        __m512 a, b;
-        exp_rows2(s, p_rows2, KEYS, PS, nv, c, m0, m1, &a, &b);
-        _mm512_storeu_ps(sum_rows2[0], a);
-        _mm512_storeu_ps(sum_rows2[1], b);
-        _mm512_storeu_ps(sum_row[0], exp_row(s, p_row, nv, 16 * nv, c, m0, 0));
-        _mm512_storeu_ps(sum_row[1], exp_row(s + KEYS, p_row + KEYS, nv, 16 * nv, c, m1, 0));
-        for (int r = 0; r < 2; r++)
-            bad += memcmp(p_rows2 + r * PS, p_row + r * KEYS, 32u * (unsigned)nv) != 0 ||
-                   memcmp(sum_rows2[r], sum_row[r], sizeof sum_row[r]) != 0;
+        /* every lane, and a limit short of the last two vectors (the
+         * masked copy, first_rows2's short blocks: 1-31 lanes cut) */
+        const int limits[2] = {16 * nv, 16 * nv - 1 - (int)(31 * uniform())};
+        for (int li = 0; li < 2; li++) {
+            const int limit = limits[li];
+            __m512 a, b;
+            exp_rows2(s, p_rows2, KEYS, PS, nv, limit, c, m0, m1, &a, &b);
+            _mm512_storeu_ps(sum_rows2[0], a);
+            _mm512_storeu_ps(sum_rows2[1], b);
+            _mm512_storeu_ps(sum_row[0], exp_row(s, p_row, nv, limit, c, m0, 0));
+            _mm512_storeu_ps(sum_row[1], exp_row(s + KEYS, p_row + KEYS, nv, limit, c, m1, 0));
+            for (int r = 0; r < 2; r++)
+                bad += memcmp(p_rows2 + r * PS, p_row + r * KEYS, 32u * (unsigned)nv) != 0 ||
+                       memcmp(sum_rows2[r], sum_row[r], sizeof sum_row[r]) != 0;
+        }
+    }
+    return bad;
+}
+
+int sdpa__cpu_amx_emulated_bf16_round_mismatches(double (*uniform)(void))
+{
+    enum { N = 4096 };
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
+                                       0x007f8000u, 0x00008000u, 0x7f800000u, 0xff800000u,
+                                       0x7fc00000u, 0xffbfffffu, 0x7f800001u, 0x3f808000u,
+                                       0x3f818000u, 0x7f7fffffu, 0x00800000u, 0x3f7fffffu};
+    float x[N] __attribute__((aligned(64)));
+    uint16_t got[N];
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        uint32_t u = (uint32_t)((uniform() + 1.0) * 2147483648.0); /* uniform: [-1, 1) */
+        if (i % 8 == 1) /* a denormal in most vectors: the integer way */
+            u &= 0x807fffffu;
+        else if (i % 64 == 2) /* a vector or so without one: VCVTNEPS2BF16 */
+            u = u & 0xbfffffffu;
+        if (i < (int)(sizeof special / sizeof *special))
+            u = special[i];
+        memcpy(&x[i], &u, sizeof u);
+    }
+    /* every vector of 16 once as it is, and once with its denormals made
+     * normal (so that the one-instruction path sees halfway cases too) */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; pass && i < N; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            if ((u & 0x7f800000u) == 0 && (u & 0x007fffffu))
+                u |= 0x00800000u;
+            memcpy(&x[i], &u, sizeof u);
+        }
+        for (int i = 0; i < N; i += 16)
+            _mm256_storeu_si256((__m256i *)(got + i), bf16_round(_mm512_load_ps(x + i)));
+        for (int i = 0; i < N; i++)
+            bad += got[i] != sdpa__f32_to_bf16(x[i]);
     }
     return bad;
 }

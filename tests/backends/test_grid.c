@@ -592,14 +592,17 @@ static void tile_release_check(void)
     tl_output_free(&o), tl_problem_free(&p);
 }
 
-/* The two-row exponential against the one-row one, bit for bit, in every
- * build (the quick one compares nothing with the reference): amx_emulated.c. */
+/* The two-row exponential against the one-row one, and the output rows'
+ * bf16 rounding against the library's, bit for bit, in every build (the
+ * quick one compares nothing with the reference): amx_emulated.c. */
 static void rows2_check(void)
 {
     if (!(sdpa_context_platform(ctx2)->cpu_features & SDPA_CPU_AVX512BF16))
         return;
     const int bad = sdpa__cpu_amx_emulated_rows2_mismatches(tl_uniform);
-    CHECK(bad == 0, "cpu.amx exp_rows2: %d of 8 rows differ from exp_row's P or sum", bad);
+    CHECK(bad == 0, "cpu.amx exp_rows2: %d of 16 rows differ from exp_row's P or sum", bad);
+    const int wrong = sdpa__cpu_amx_emulated_bf16_round_mismatches(tl_uniform);
+    CHECK(wrong == 0, "cpu.amx bf16_round: %d values differ from sdpa__f32_to_bf16's", wrong);
 }
 #endif
 

@@ -572,8 +572,8 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
  * of a row (a probe, not kept); the whole tile-less kernel, a few percent.
  * test_grid holds it to exp_row bit for bit. */
 static inline __attribute__((always_inline)) void
-exp_rows2(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, float c, float m0, float m1,
-          __m512 *sum_0, __m512 *sum_1)
+exp_rows2_lanes(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, int limit, int masked,
+                float c, float m0, float m1, __m512 *sum_0, __m512 *sum_1)
 {
     const __m512 cv = _mm512_set1_ps(c), nm0 = _mm512_set1_ps(-m0), nm1 = _mm512_set1_ps(-m1);
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -597,8 +597,13 @@ exp_rows2(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, float c, 
             f0 = exp2_bf16_fraction(x0), f1 = exp2_bf16_fraction(x1);
             f2 = exp2_bf16_fraction(x2), f3 = exp2_bf16_fraction(x3);
         }
-        const __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1);
-        const __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3);
+        __m512 e0 = exp2_bf16_from_fraction(y0, g0), e1 = exp2_bf16_from_fraction(y1, g1);
+        __m512 e2 = exp2_bf16_from_fraction(y2, g2), e3 = exp2_bf16_from_fraction(y3, g3);
+        if (masked) { /* lanes at or past limit: P = 0, as exp_row */
+            const __mmask16 k0 = lanes_below(v, limit), k1 = lanes_below(v + 1, limit);
+            e0 = _mm512_maskz_mov_ps(k0, e0), e1 = _mm512_maskz_mov_ps(k1, e1);
+            e2 = _mm512_maskz_mov_ps(k0, e2), e3 = _mm512_maskz_mov_ps(k1, e3);
+        }
         a0 = _mm512_fmadd_ps(e0, one, a0);
         a1 = _mm512_fmadd_ps(e1, one, a1);
         b0 = _mm512_fmadd_ps(e2, one, b0);
@@ -608,6 +613,34 @@ exp_rows2(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, float c, 
     }
     *sum_0 = _mm512_add_ps(a0, a1);
     *sum_1 = _mm512_add_ps(b0, b1);
+}
+
+/* exp_rows2 over scores s[0 .. limit) of each row (the lanes past it P =
+ * 0), one copy of the loop without the masks, one with. */
+static inline __attribute__((always_inline)) void
+exp_rows2(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, int limit, float c, float m0,
+          float m1, __m512 *sum_0, __m512 *sum_1)
+{
+    if (limit == 16 * nv)
+        exp_rows2_lanes(s, p, ls, lp, nv, limit, 0, c, m0, m1, sum_0, sum_1);
+    else
+        exp_rows2_lanes(s, p, ls, lp, nv, limit, 1, c, m0, m1, sum_0, sum_1);
+}
+
+/* The max of a row's scores s[0 .. limit) times c (rounded: as
+ * softmax_row's), as a vector whose lanes softmax_row reduces. */
+static inline __attribute__((always_inline)) __m512 row_max(const float *s, int limit, float c)
+{
+    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx;
+    int v = 0;
+    for (; 16 * v + 32 <= limit; v += 2) {
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
+    }
+    for (; 16 * v < limit; v++)
+        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
+    return _mm512_mul_round_ps(_mm512_max_ps(mx, mx1), _mm512_set1_ps(c),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
 /*
@@ -878,6 +911,38 @@ static void mask_general_row(const sdpa_mask *mk, int64_t b, int64_t h, int64_t 
     }
 }
 
+/*
+ * Rows r and r + 1 of a query block's first key block (m = -inf, O not yet
+ * summed), every lane below limit seen: their maxima, then both rows' P in
+ * one exp_rows2 loop, as softmax_row would (the same m, P and sums:
+ * amx_emulated.c holds exp_rows2's masked copy to exp_row bit for bit).
+ * What it saves is on short calls, where every row's only block is its
+ * first: the serial chain of one row's max, reduction and exponentials,
+ * run for two rows at once (with the bf16 stores of store_row_unit:
+ * 0.89x the time on SDXL's 77-key cross-attention row, 0.94-0.96x on
+ * 300-512 keys, 0.98-0.99x on long rows; Emerald Rapids,
+ * bench/results/2026-12-06-amx-store-first-rows2-ab-emr.txt). Returns 0,
+ * having written nothing, when a max is -inf, NaN or huge (softmax_row's
+ * cases).
+ */
+static inline __attribute__((always_inline)) int first_rows2(const float *s, uint16_t *p,
+                                                             int64_t ss, int64_t ps, int nv,
+                                                             int limit, float c, amx_qblock *qb,
+                                                             int r)
+{
+    const float m0 = _mm512_reduce_max_ps(row_max(s, limit, c));
+    const float m1 = _mm512_reduce_max_ps(row_max(s + ss, limit, c));
+    if (!(fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f))
+        return 0;
+    __m512 sum[2];
+    exp_rows2(s, p, ss, ps, nv, limit, c, m0, m1, &sum[0], &sum[1]);
+    qb->m[r] = m0, qb->m[r + 1] = m1;
+    for (int i = 0; i < 2; i++)
+        _mm512_store_ps(qb->l + 16 * (r + i),
+                        _mm512_add_ps(_mm512_load_ps(qb->l + 16 * (r + i)), sum[i]));
+    return 1;
+}
+
 static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
                     const amx_block *at, float *sbuf, amx_scores *ahead)
 {
@@ -894,7 +959,7 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
             if (at->bk == 16 * nv && fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f) {
                 /* both rows past their first block (-inf fails the test) */
                 __m512 sum[2];
-                exp_rows2(s, p, ss, ps, nv, c, m0, m1, &sum[0], &sum[1]);
+                exp_rows2(s, p, ss, ps, nv, at->bk, c, m0, m1, &sum[0], &sum[1]);
                 for (int i = 0; i < 2; i++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
                     if (_mm512_cmp_ps_mask(sum[i], _mm512_set1_ps(P_LIMIT), _CMP_GT_OQ))
                         softmax_row(s + i * ss, p + i * ps, nv, at->bk, c, qb, r + i, Dv);
@@ -902,6 +967,9 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
                         _mm512_store_ps(qb->l + 16 * (r + i),
                                         _mm512_add_ps(_mm512_load_ps(qb->l + 16 * (r + i)), sum[i]));
                 }
+            } else if (m0 == -INFINITY && m1 == -INFINITY && !qb->o_live &&
+                       first_rows2(s, p, ss, ps, nv, at->bk, c, qb, r)) {
+                /* both rows' first block, their maxima finite and not huge */
             } else {
                 softmax_row(s, p, nv, at->bk, c, qb, r, Dv);
                 softmax_row(s + ss, p + ps, nv, at->bk, c, qb, r + 1, Dv);
@@ -939,45 +1007,65 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
     }
 }
 
-/* out[b, i, h, :] = o * mul for a unit-stride row: f32, bf16 (round to
- * nearest even as sdpa__f32_to_bf16, NaN kept quiet) or f16 (VCVTPS2PH). */
-static void store_row_unit(void *dst, sdpa_dtype t, const float *o, int64_t D, float mul)
+/* x as bf16, rounded to nearest even as sdpa__f32_to_bf16 (NaN made
+ * quiet, the same bits). VCVTNEPS2BF16 does that in one instruction but
+ * flushes fp32 denormals to zero, so a vector with one goes the integer
+ * way (nine operations); the check costs one VFPCLASSPS. The output rows'
+ * stores were a quarter of cpu.amx's time on a 77-key row (perf, cpu-clock). */
+static inline __m256i bf16_round(__m512 x)
+{
+    if (!_mm512_fpclass_ps_mask(x, 0x20)) /* 0x20: denormal */
+        return (__m256i)_mm512_cvtneps_pbh(x);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* out[b, i, h, :] = o * mul for a unit-stride row: f32, bf16 (bf16_round)
+ * or f16 (VCVTPS2PH). */
+static inline __attribute__((always_inline)) void
+store_row_unit(void *dst, sdpa_dtype t, const float *o, int64_t D, float mul)
 {
     const __m512 mv = _mm512_set1_ps(mul);
     for (int64_t d = 0; d < D; d += 16) {
         const __mmask16 k = D - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - d)) - 1);
         const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, o + d), mv);
-        if (t == SDPA_F32) {
+        if (t == SDPA_F32)
             _mm512_mask_storeu_ps((float *)dst + d, k, x);
-        } else if (t == SDPA_BF16) {
-            const __m512i u = _mm512_castps_si512(x);
-            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-            __m512i r = _mm512_srli_epi32(
-                _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-            const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-            r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-            _mm256_mask_storeu_epi16((uint16_t *)dst + d, k, _mm512_cvtepi32_epi16(r));
-        } else {
+        else if (t == SDPA_BF16)
+            _mm256_mask_storeu_epi16((uint16_t *)dst + d, k, bf16_round(x));
+        else
             _mm256_mask_storeu_epi16((uint16_t *)dst + d, k,
                                      _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
-        }
     }
+}
+
+/* The rows store_row does not take: zeros, NaN rows, strided outputs (out
+ * of line: inlined, its generic conversions made every row's call set up
+ * a stack frame for them). */
+static __attribute__((noinline)) void store_row_rare(const sdpa_call *c, int64_t b, int64_t h,
+                                                     int64_t i, const float *o, float mn, float l)
+{
+    sdpa__store_result(c, b, i, h, o, mn, l, 0);
 }
 
 /* One row (query head h, query i) of O / l to the output, LSE in natural
  * units from m (log2 units of the scaled scores). */
-static void store_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, const float *o, float m,
-                      float l)
+static inline void store_row(const sdpa_call *c, int64_t b, int64_t h, int64_t i, const float *o,
+                             float m, float l)
 {
     const sdpa_tensor *out = c->out;
     const float mn = m / LOG2E, mul = sdpa__result_mul(l, 0);
     if (out->stride[3] == 1 && mul != 0.0f && mul == mul) {
-        store_row_unit((char *)out->data +
-                           sdpa__offset(out, b, i, h, 0) * (int64_t)sdpa_dtype_size(out->dtype),
+        store_row_unit((char *)out->data + sdpa__offset(out, b, i, h, 0) * sdpa__elem_bytes(out->dtype),
                        out->dtype, o, c->desc.D, mul);
         sdpa__store_lse(c, b, i, h, mn, l);
-    } else { /* zeros, NaN rows, strided outputs */
-        sdpa__store_result(c, b, i, h, o, mn, l, 0);
+    } else {
+        store_row_rare(c, b, h, i, o, mn, l);
     }
 }
 

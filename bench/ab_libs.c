@@ -1,0 +1,199 @@
+/*
+ * ab_libs.c - two builds of libsdpa in one process, timed call by call.
+ *
+ *   bench_ab_libs OLD.so NEW.so [--dtype f32|bf16|f16] [--reps N]
+ *                 B,Sq,Skv,Hq,Hkv,D ...
+ *
+ * Both libraries are loaded with dlopen (RTLD_LOCAL: each keeps its own
+ * symbols, context and thread pool) and called on the same tensors, one
+ * after the other, the order alternating every pair; per shape it prints
+ * each build's median and minimum time and the median of the per-pair
+ * ratios new/old with its quartiles. Why beside bench/ab_builds.py (which
+ * alternates whole `sdpa bench` processes): on a host whose neighbours
+ * take the cores for seconds at a time (the Emerald Rapids VM of
+ * 2026-12-06: ceilings 2,000-6,500 GFLOP/s between runs), process-level
+ * rounds gave ratios spread 0.54-1.47 for one row, while two calls a few
+ * milliseconds apart see the same neighbours: an A/A run (one build
+ * twice) gives medians 0.99-1.01 with quartiles within 2%.
+ *
+ * The backend is the dispatcher's choice unless SDPA_BACKEND names one
+ * (both libraries read it). The program links neither library (a third
+ * copy, loaded at start, could stand in for one of them). Inputs: uniform random values in (-1, 1), the
+ * output in the inputs' dtype, default scale, no mask. The idle library's
+ * pool sleeps while the other runs (its workers wait on a condition).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "sdpa.h"
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef sdpa_status (*create_fn)(const sdpa_context_options *, sdpa_context **);
+typedef void (*destroy_fn)(sdpa_context *);
+typedef sdpa_status (*forward_fn)(sdpa_context *, const sdpa_tensor *, const sdpa_tensor *,
+                                  const sdpa_tensor *, sdpa_tensor *, float *,
+                                  const sdpa_params *);
+typedef sdpa_status (*convert_fn)(const void *, sdpa_dtype, void *, sdpa_dtype, size_t);
+
+typedef struct lib {
+    void *handle;
+    forward_fn forward;
+    destroy_fn destroy;
+    sdpa_context *ctx;
+} lib;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int open_lib(lib *l, const char *path, convert_fn *convert)
+{
+    l->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!l->handle) {
+        fprintf(stderr, "bench_ab_libs: %s\n", dlerror());
+        return 0;
+    }
+    create_fn create;
+    /* POSIX: a data pointer from dlsym converts to a function pointer */
+    *(void **)&create = dlsym(l->handle, "sdpa_context_create");
+    *(void **)&l->forward = dlsym(l->handle, "sdpa_forward");
+    *(void **)&l->destroy = dlsym(l->handle, "sdpa_context_destroy");
+    if (convert)
+        *(void **)convert = dlsym(l->handle, "sdpa_convert");
+    if (!create || !l->forward || !l->destroy || (convert && !*convert)) {
+        fprintf(stderr, "bench_ab_libs: %s is not a libsdpa (no sdpa_forward)\n", path);
+        return 0;
+    }
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    if (create(&o, &l->ctx) != SDPA_OK) {
+        fprintf(stderr, "bench_ab_libs: %s: context creation failed\n", path);
+        return 0;
+    }
+    return 1;
+}
+
+/* A [B, S, H, D] tensor of uniform values in (-1, 1), or NULL. */
+static void *random_tensor(convert_fn convert, sdpa_dtype t, size_t n)
+{
+    float *f = malloc(sizeof *f * n);
+    void *x = aligned_alloc(64, (n * 4 + 63) / 64 * 64);
+    if (!f || !x) {
+        free(f), free(x);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)(2.0 * rand() / RAND_MAX - 1.0);
+    if (convert(f, SDPA_F32, x, t, n) != SDPA_OK) {
+        free(f), free(x);
+        return NULL;
+    }
+    free(f);
+    return x;
+}
+
+static sdpa_tensor bshd(void *data, sdpa_dtype t, int64_t B, int64_t S, int64_t H, int64_t D)
+{
+    sdpa_tensor x = {.data = data, .dtype = t, .device = {SDPA_DEVICE_CPU, 0},
+                     .size = {B, S, H, D}, .stride = {S * H * D, H * D, D, 1}};
+    return x;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 4) {
+        fprintf(stderr, "usage: bench_ab_libs OLD.so NEW.so [--dtype f32|bf16|f16] [--reps N] "
+                        "B,Sq,Skv,Hq,Hkv,D ...\n");
+        return 2;
+    }
+    sdpa_dtype dtype = SDPA_BF16;
+    int reps = 31, first_shape = 3;
+    for (; first_shape + 1 < argc && argv[first_shape][0] == '-'; first_shape += 2) {
+        const char *f = argv[first_shape], *v = argv[first_shape + 1];
+        if (!strcmp(f, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))) {
+            dtype = !strcmp(v, "f32") ? SDPA_F32 : !strcmp(v, "bf16") ? SDPA_BF16 : SDPA_F16;
+        } else if (!strcmp(f, "--reps") && atoi(v) >= 3 && atoi(v) <= 100000) {
+            reps = atoi(v);
+        } else {
+            fprintf(stderr, "bench_ab_libs: %s %s: expected --dtype f32|bf16|f16 or --reps N "
+                            "(3 or more)\n", f, v);
+            return 2;
+        }
+    }
+    lib libs[2];
+    convert_fn convert = NULL;
+    if (!open_lib(&libs[0], argv[1], &convert) || !open_lib(&libs[1], argv[2], NULL))
+        return 1;
+    double *times[2] = {malloc(sizeof(double) * (size_t)reps), malloc(sizeof(double) * (size_t)reps)};
+    double *ratio = malloc(sizeof(double) * (size_t)reps);
+    if (!times[0] || !times[1] || !ratio)
+        return 1;
+    printf("# bench_ab_libs: old %s, new %s; %s, %d pairs per shape, the order alternating; "
+           "backend %s\n", argv[1], argv[2], dtype == SDPA_F32 ? "f32" : dtype == SDPA_BF16 ? "bf16" : "f16", reps,
+           getenv("SDPA_BACKEND") ? getenv("SDPA_BACKEND") : "the dispatcher's choice");
+    printf("%-26s %10s %10s %10s %10s %8s %8s %8s\n", "shape B,Sq,Skv,Hq,Hkv,D", "old_ms",
+           "old_min", "new_ms", "new_min", "new/old", "q1", "q3");
+    srand(1);
+    for (int a = first_shape; a < argc; a++) {
+        long long B, Sq, Skv, Hq, Hkv, D;
+        char tail;
+        if (sscanf(argv[a], "%lld,%lld,%lld,%lld,%lld,%lld%c", &B, &Sq, &Skv, &Hq, &Hkv, &D,
+                   &tail) != 6 || B < 1 || Sq < 1 || Skv < 1 || Hkv < 1 || Hq < Hkv ||
+            Hq % Hkv || D < 1) {
+            fprintf(stderr, "bench_ab_libs: shape '%s': expected B,Sq,Skv,Hq,Hkv,D (positive, "
+                            "Hq a multiple of Hkv)\n", argv[a]);
+            return 2;
+        }
+        const size_t nq = (size_t)(B * Sq * Hq * D), nk = (size_t)(B * Skv * Hkv * D);
+        void *q = random_tensor(convert, dtype, nq), *k = random_tensor(convert, dtype, nk);
+        void *v = random_tensor(convert, dtype, nk), *o = random_tensor(convert, dtype, nq);
+        if (!q || !k || !v || !o) {
+            fprintf(stderr, "bench_ab_libs: shape '%s': out of memory\n", argv[a]);
+            return 1;
+        }
+        const sdpa_tensor tq = bshd(q, dtype, B, Sq, Hq, D), tk = bshd(k, dtype, B, Skv, Hkv, D);
+        const sdpa_tensor tv = bshd(v, dtype, B, Skv, Hkv, D);
+        sdpa_tensor to = bshd(o, dtype, B, Sq, Hq, D);
+        const sdpa_params params = SDPA_PARAMS_DEFAULT;
+        for (int i = 0; i < 2; i++)
+            for (int w = 0; w < 2; w++) /* warm: pools, tiles, packing buffers */
+                if (libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params) != SDPA_OK) {
+                    fprintf(stderr, "bench_ab_libs: shape '%s': %s failed the call\n", argv[a],
+                            argv[1 + i]);
+                    return 1;
+                }
+        for (int n = 0; n < reps; n++)
+            for (int j = 0; j < 2; j++) {
+                const int i = n & 1 ? 1 - j : j;
+                const double t0 = now();
+                libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params);
+                times[i][n] = now() - t0;
+            }
+        for (int n = 0; n < reps; n++)
+            ratio[n] = times[1][n] / times[0][n];
+        qsort(times[0], (size_t)reps, sizeof(double), cmp);
+        qsort(times[1], (size_t)reps, sizeof(double), cmp);
+        qsort(ratio, (size_t)reps, sizeof(double), cmp);
+        printf("%-26s %10.3f %10.3f %10.3f %10.3f %8.3f %8.3f %8.3f\n", argv[a],
+               1e3 * times[0][reps / 2], 1e3 * times[0][0], 1e3 * times[1][reps / 2],
+               1e3 * times[1][0], ratio[reps / 2], ratio[reps / 4], ratio[3 * reps / 4]);
+        fflush(stdout);
+        free(q), free(k), free(v), free(o);
+    }
+    for (int i = 0; i < 2; i++)
+        libs[i].destroy(libs[i].ctx);
+    free(times[0]), free(times[1]), free(ratio);
+    return 0;
+}
