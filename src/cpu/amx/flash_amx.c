@@ -552,8 +552,9 @@ exp_row(const float *s, uint16_t *p, int nv, int limit, float c, float m, int ex
     return _mm512_add_ps(sum0, sum1);
 }
 
-/* exp_row for two whole rows at once (every lane seen, m finite and not
- * huge: the path past a row's first block): one loop for both, so that a
+/* exp_row for two rows at once (m finite and not huge: the path past a
+ * row's first block, and first_rows2; with `masked`, the lanes at or past
+ * `limit` give P = 0 as exp_row's do): one loop for both, so that a
  * row's loop set-up and the tail of its sums' chains are paid once per two
  * rows (0.90-0.99x the tile-less time on the long rows, Zen 4:
  * bench/results/2026-12-05-amx-rows2-ab-zen4.txt). The next block's tile
@@ -956,8 +957,13 @@ static void softmax(const amx_job *jb, const amx_workspace *w, amx_qblock *qb,
             const float m0 = qb->m[r], m1 = qb->m[r + 1];
             float *s = sbuf + r * ss;
             uint16_t *p = w->p + r * ps;
-            if (at->bk == 16 * nv && fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f) {
-                /* both rows past their first block (-inf fails the test) */
+            if (fabsf(m0) < 0x1p20f && fabsf(m1) < 0x1p20f) {
+                /* both rows past their first block (-inf fails the test);
+                 * a last block of keys short of a multiple of 32 takes the
+                 * masked copy (CogVideoX's 432-key tail went row by row:
+                 * 0.96x the tile-less time of that row, 0.474 cycle per
+                 * score from 0.493, bench/results/2026-12-06-amx-cost-
+                 * partial-block-rows2-ab-emr.txt) */
                 __m512 sum[2];
                 exp_rows2(s, p, ss, ps, nv, at->bk, c, m0, m1, &sum[0], &sum[1]);
                 for (int i = 0; i < 2; i++) { /* as softmax_row: redone with its max if any P passed 2^TAU */
