@@ -61,6 +61,11 @@ static int cmp(const void *a, const void *b)
 
 static int open_lib(lib *l, const char *path, convert_fn *convert)
 {
+    /* dlopen searches the library path for a name without a slash; a
+     * file named here is meant */
+    char local[4096];
+    if (!strchr(path, '/') && snprintf(local, sizeof local, "./%s", path) < (int)sizeof local)
+        path = local;
     l->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!l->handle) {
         fprintf(stderr, "bench_ab_libs: %s\n", dlerror());

@@ -158,11 +158,18 @@ static inline void flash_prefetch_rows(const sdpa_tensor *t, const flash_task *t
         int64_t h, i;
         flash_row(tk, i0 + r, &h, &i);
         const char *p = (const char *)t->data + sdpa__offset(t, tk->b, i, h, 0) * esz;
+        /* the T1 hint (PREFETCHT1: into L2), where a block's 32-64 rows
+         * of T0 requests had waited for L1's few fill buffers: 0.96-0.985x
+         * the time of cpu.amx, cpu.avx512 and cpu.avx2 on short-key rows,
+         * long rows level (Emerald Rapids; not measured on AMD cores).
+         * PREFETCHW for the output rows (needs -mprfchw; the
+         * build has none, so `write` asks as a read does) was 1.04-1.07x
+         * slower on cpu.amx: bench/results/2026-12-06-prefetch-rows-hint-ab-emr.txt */
         for (int64_t o = 0; o < bytes; o += 64) {
             if (write)
-                __builtin_prefetch(p + o, 1, 3);
+                __builtin_prefetch(p + o, 1, 2);
             else
-                __builtin_prefetch(p + o, 0, 3);
+                __builtin_prefetch(p + o, 0, 2);
         }
     }
 }
