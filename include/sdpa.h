@@ -568,6 +568,24 @@ typedef struct sdpa_context_options {
 sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context **out);
 void sdpa_context_destroy(sdpa_context *ctx);
 
+/*
+ * Host threads from an OpenMP runtime already in the process: GNU libgomp
+ * (which PyTorch's Linux wheels load), or LLVM's libomp or Intel's
+ * libiomp5 (both carry GNU's entry points). Fills *fn and *user for
+ * sdpa_context_options' parallel_for and parallel_for_user, so that the
+ * context's regions run on that runtime's team of at most `threads`
+ * (pass the same count as the options' threads). Why: OpenMP workers
+ * spin for a while after each of the host's parallel regions (GNU's
+ * default, up to milliseconds), and a second pool started beside them
+ * shares the cores with threads that only wait; on the host's own team
+ * libsdpa's tasks run on the threads that were spinning. Nothing is
+ * loaded or started: NOT_AVAILABLE when no such runtime is in the process
+ * (or the platform has no dynamic loader), INVALID_ARGUMENT for threads
+ * < 1. Called from inside a parallel region of the host, a region runs
+ * on that one thread (OpenMP's nesting rules).
+ */
+sdpa_status sdpa_openmp_host(int threads, sdpa_parallel_for_fn *fn, void **user);
+
 /* The platform the context decides for. */
 const sdpa_platform *sdpa_context_platform(const sdpa_context *ctx);
 int sdpa_context_threads(const sdpa_context *ctx);

@@ -357,8 +357,7 @@ static void host_threads(const char **backends, int n_backends)
             CHECK(threads_settle(before) == before, "%s: libsdpa started threads (%d, was %d)",
                   what, process_threads(), before);
             CHECK_STATUS(sdpa_forward(own, &p.q, &p.k, &p.v, &a.t, a.lse, &prm), SDPA_OK);
-            CHECK(memcmp(a.mem, h.mem, a.bytes) == 0 &&
-                      memcmp(a.lse, h.lse, sizeof(float) * (size_t)(s.c.B * s.c.Hq * s.c.Sq)) == 0,
+            CHECK(tl_same_bits(&a, &h, &s.c),
                   "%s: on the caller's threads != on libsdpa's (max |diff| %.3g)", what,
                   tl_max_diff(&a, &h, NULL));
             tl_output_free(&a), tl_output_free(&h), tl_problem_free(&p);

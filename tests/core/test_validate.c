@@ -6,6 +6,7 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,31 @@ static void test_growth(void)
 }
 
 /* sdpa_tensor_from_bytes: ggml's innermost-first ne/nb, any axis order */
+/* sdpa_openmp_host in a process without an OpenMP runtime (this test
+ * links none; /proc/self/maps tells if something loaded one anyway):
+ * NOT_AVAILABLE, saying what it looked for. The rest is test_openmp_host's. */
+static void test_openmp_host_absent(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int loaded = 0;
+    while (f && fgets(line, sizeof line, f))
+        loaded |= strstr(line, "/libgomp") || strstr(line, "/libomp.") || strstr(line, "/libiomp5");
+    if (f)
+        fclose(f);
+    if (!f || loaded) {
+        tl_skip("sdpa_openmp_host without a runtime", f ? "an OpenMP runtime is loaded here"
+                                                          : "no /proc/self/maps to tell");
+        return;
+    }
+    sdpa_parallel_for_fn fn;
+    void *user;
+    CHECK_STATUS(sdpa_openmp_host(2, &fn, &user), SDPA_NOT_AVAILABLE);
+    CHECK(strstr(sdpa_last_error(), "no OpenMP runtime (libgomp, libomp, libiomp5) is loaded"),
+          "%s", sdpa_last_error());
+    CHECK(fn == NULL && user == NULL, "NOT_AVAILABLE left *fn and *user unset");
+}
+
 static void test_from_bytes(void)
 {
     float buf[2 * 5 * 3 * 4];
@@ -185,6 +211,7 @@ int main(void)
     call c = good();
     CHECK_STATUS(sdpa_forward(ctx, &c.q, &c.k, &c.v, &c.o, c.lse, &c.p), SDPA_OK);
     test_growth();
+    test_openmp_host_absent();
 
     expect_invalid("NULL q", good(), "q is NULL", 1);
     c = good(), c.k.data = NULL;

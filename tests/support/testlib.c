@@ -340,6 +340,13 @@ double tl_product_tolerance(int bits)
     return bits > 0 && bits < 24 ? 2.0 * ldexp(1.0, -bits) : 0.0;
 }
 
+int tl_same_bits(const tl_output *a, const tl_output *b, const tl_case *c)
+{
+    return a->bytes == b->bytes && memcmp(a->mem, b->mem, a->bytes) == 0 &&
+           (!a->lse || !b->lse ||
+            memcmp(a->lse, b->lse, sizeof(float) * (size_t)(c->B * c->Hq * c->Sq)) == 0);
+}
+
 double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where)
 {
     double worst = 0;

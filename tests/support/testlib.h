@@ -126,6 +126,8 @@ double tl_product_tolerance(int bits);
  * exactly (NaN with NaN, +-inf with the same infinity), else the result is
  * infinite. */
 double tl_max_diff(const tl_output *a, const tl_output *b, int64_t *where);
+/* Outputs and LSEs of two runs of one case the same bits? */
+int tl_same_bits(const tl_output *a, const tl_output *b, const tl_case *c);
 double tl_max_lse_diff(const tl_output *a, const tl_output *b, int64_t B, int64_t Hq,
                        int64_t Sq);
 /* Max |x| over the finite elements of an output (the scale of errors). */
