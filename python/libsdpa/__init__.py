@@ -36,22 +36,33 @@ from ._capi import (DeviceError, Error, InternalError, InvalidArgumentError,  # 
 
 __version__ = C.lib.sdpa_version().decode()
 __all__ = ["attention", "backward", "merge", "explain", "info", "backend", "Layer", "set_component_backend",
-           "load_policy", "set_num_threads", "get_num_threads", "last_backend", "Error",
+           "load_policy", "set_num_threads", "get_num_threads", "use_torch_threads", "thread_pool", "last_backend", "Error",
            "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError", "DeviceError",
            "NotAvailableError", "InternalError"]
 
 
 class _Context:
-    """An sdpa_context, destroyed when the last Python reference goes."""
+    """An sdpa_context, destroyed when the last Python reference goes.
+    With torch imported and its OpenMP runtime in the process, its calls
+    run on torch's OpenMP team (sdpa_openmp_host) unless
+    use_torch_threads(False): torch's workers spin for a while after each
+    of its operations, and libsdpa's own pool beside them shared the cores
+    with threads that only waited."""
 
     def __init__(self, threads):
         opts = C.ContextOptions()
         opts.log_level = -1
         opts.threads = threads
+        self.pool = "libsdpa"
+        if _torch_threads and threads > 0 and "torch" in sys.modules:
+            fn, user = ctypes.c_void_p(), ctypes.c_void_p()
+            if C.lib.sdpa_openmp_host(threads, ctypes.byref(fn), ctypes.byref(user)) == 0:
+                opts.parallel_for, opts.parallel_for_user = fn, user
+                self.pool = "openmp"
         handle = ctypes.c_void_p()
         C.check(C.lib.sdpa_context_create(ctypes.byref(opts), ctypes.byref(handle)),
                 "context")
-        self.handle, self.requested = handle, threads
+        self.handle, self.requested, self.torch_threads = handle, threads, _torch_threads
 
     def __del__(self):
         if getattr(self, "handle", None) and C is not None and C.lib is not None:
@@ -62,6 +73,7 @@ class _Context:
 _lock = threading.Lock()
 _ctx = None
 _threads_set = None  # set_num_threads(n); None: follow torch, else all cores
+_torch_threads = os.environ.get("SDPA_TORCH_THREADS", "1") != "0"  # use_torch_threads()
 
 
 def _wanted_threads():
@@ -77,9 +89,9 @@ def _context():
     global _ctx
     want = _wanted_threads()
     ctx = _ctx
-    if ctx is None or ctx.requested != want:
+    if ctx is None or ctx.requested != want or ctx.torch_threads != _torch_threads:
         with _lock:
-            if _ctx is None or _ctx.requested != want:
+            if _ctx is None or _ctx.requested != want or _ctx.torch_threads != _torch_threads:
                 _ctx = _Context(want)  # the old one lives on while calls or layers hold it
             ctx = _ctx
     return ctx
@@ -97,6 +109,22 @@ def set_num_threads(n):
 def get_num_threads():
     """The threads the current context runs with."""
     return C.lib.sdpa_context_threads(_context().handle)
+
+
+def use_torch_threads(on=True):
+    """Whether libsdpa's calls run on torch's OpenMP team when torch is
+    imported (the default; SDPA_TORCH_THREADS=0 starts with it off) or on
+    libsdpa's own workers. Takes effect from the next call."""
+    global _torch_threads
+    if not isinstance(on, bool):
+        raise InvalidArgumentError(f"use_torch_threads: on is {on!r}, expected True or False")
+    _torch_threads = on
+
+
+def thread_pool():
+    """Where the current context's calls run: "openmp" (the OpenMP team of
+    the process, torch's) or "libsdpa" (its own workers)."""
+    return _context().pool
 
 
 def _causal(is_causal):

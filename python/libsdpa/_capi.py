@@ -161,6 +161,7 @@ _PROTOTYPES = {
     "sdpa_context_create": (ctypes.c_int, [ctypes.POINTER(ContextOptions), ctypes.POINTER(_p)]),
     "sdpa_context_destroy": (None, [_p]),
     "sdpa_context_threads": (ctypes.c_int, [_p]),
+    "sdpa_openmp_host": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_p), ctypes.POINTER(_p)]),
     "sdpa_context_load_policy": (ctypes.c_int, [_p, _s]),
     "sdpa_context_set_component_backend": (ctypes.c_int, [_p, _s, _s]),
     "sdpa_override_push": (ctypes.c_int, [_s]),

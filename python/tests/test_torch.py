@@ -203,3 +203,25 @@ def test_custom_op_and_compile():
     compiled = torch.compile(Block(), fullgraph=True)  # a graph break would raise
     got = compiled(q, k, v)
     assert (got - (torch.ops.libsdpa.attention(q, k, v) * 2 + 1)).abs().max().item() == 0
+
+
+def test_torch_threads():
+    """With torch imported and its runtime OpenMP (its Linux wheels), calls
+    run on torch's OpenMP team (sdpa_openmp_host): the same bits as on
+    libsdpa's own workers; use_torch_threads(False) goes back to those."""
+    if "OpenMP" not in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]:
+        pytest.skip("torch's parallel backend here is not OpenMP")
+    q, k, v = torch.randn(1, 300, 4, 64), torch.randn(1, 700, 2, 64), torch.randn(1, 700, 2, 64)
+    try:
+        libsdpa.use_torch_threads(True)
+        on_team = libsdpa.attention(q, k, v, enable_gqa=True)
+        if torch.get_num_threads() > 0:
+            assert libsdpa.thread_pool() == "openmp"
+        libsdpa.use_torch_threads(False)
+        own = libsdpa.attention(q, k, v, enable_gqa=True)
+        assert libsdpa.thread_pool() == "libsdpa"
+        assert torch.equal(on_team, own)
+        with pytest.raises(libsdpa.InvalidArgumentError, match="expected True or False"):
+            libsdpa.use_torch_threads(1)
+    finally:
+        libsdpa.use_torch_threads(os.environ.get("SDPA_TORCH_THREADS", "1") != "0")
