@@ -47,27 +47,46 @@ static int is_runtime_name(const char *path)
            !strncmp(base, "libiomp5", 8);
 }
 
-static int find_runtime(struct dl_phdr_info *info, size_t size, void *data)
+/* The paths of loaded objects named like a runtime, gathered while
+ * dl_iterate_phdr holds the loader's list lock and opened after it lets
+ * go (dlopen inside the callback would take the loader's other lock in
+ * the order opposite to a concurrent dlopen's). */
+enum { MAX_CANDIDATES = 4 };
+typedef struct candidates {
+    char path[MAX_CANDIDATES][4096];
+    int n;
+} candidates;
+
+static int gather(struct dl_phdr_info *info, size_t size, void *data)
 {
-    (void)size, (void)data;
-    if (!info->dlpi_name || !is_runtime_name(info->dlpi_name))
-        return 0;
-    void *h = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD);
-    if (!h)
-        return 0;
-    gomp_parallel_fn parallel;
-    omp_thread_num_fn thread_num;
-    /* POSIX: dlsym's object pointer converts to a function pointer */
-    *(void **)&parallel = dlsym(h, "GOMP_parallel");
-    *(void **)&thread_num = dlsym(h, "omp_get_thread_num");
-    if (!parallel || !thread_num) {
-        dlclose(h);
-        return 0;
-    }
-    omp.parallel = parallel, omp.thread_num = thread_num; /* h stays open: see the top */
-    return 1;
+    (void)size;
+    candidates *c = data;
+    if (info->dlpi_name && is_runtime_name(info->dlpi_name) && c->n < MAX_CANDIDATES &&
+        strlen(info->dlpi_name) < sizeof c->path[0])
+        strcpy(c->path[c->n++], info->dlpi_name);
+    return 0;
 }
 
+static void find_runtime(void)
+{
+    static candidates c; /* 16 KB: not on the caller's stack; under omp_lock */
+    c.n = 0;
+    dl_iterate_phdr(gather, &c);
+    for (int i = 0; i < c.n && !omp.parallel; i++) {
+        void *h = dlopen(c.path[i], RTLD_NOW | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        gomp_parallel_fn parallel;
+        omp_thread_num_fn thread_num;
+        /* POSIX: dlsym's object pointer converts to a function pointer */
+        *(void **)&parallel = dlsym(h, "GOMP_parallel");
+        *(void **)&thread_num = dlsym(h, "omp_get_thread_num");
+        if (parallel && thread_num)
+            omp.parallel = parallel, omp.thread_num = thread_num; /* h stays open: see the top */
+        else
+            dlclose(h);
+    }
+}
 
 typedef struct team_region {
     sdpa_task_body body;
@@ -107,7 +126,7 @@ sdpa_status sdpa_openmp_host(int threads, sdpa_parallel_for_fn *fn, void **user)
     /* looked for until found: a host may load its runtime after a first ask */
     pthread_mutex_lock(&omp_lock);
     if (!omp.parallel)
-        dl_iterate_phdr(find_runtime, NULL);
+        find_runtime();
     const int found = omp.parallel != NULL;
     pthread_mutex_unlock(&omp_lock);
     if (found) {
