@@ -628,20 +628,25 @@ exp_rows2(const float *s, uint16_t *p, int64_t ls, int64_t lp, int nv, int limit
         exp_rows2_lanes(s, p, ls, lp, nv, limit, 1, c, m0, m1, sum_0, sum_1);
 }
 
-/* The max of a row's scores s[0 .. limit) times c (rounded: as
- * softmax_row's), as a vector whose lanes softmax_row reduces. */
+/* The max of a row's scores s[0 .. limit) times c (the product rounded,
+ * not fused with what comes next), as a vector of lane maxima: four
+ * running maxima, since one would be a chain of VMAXPS latencies. */
 static inline __attribute__((always_inline)) __m512 row_max(const float *s, int limit, float c)
 {
-    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx;
+    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
     int v = 0;
-    for (; 16 * v + 32 <= limit; v += 2) {
+    for (; 16 * v + 64 <= limit; v += 4) {
         mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
         mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
+        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
+        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
     }
-    for (; 16 * v < limit; v++)
+    for (; 16 * v + 16 <= limit; v++)
+        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
+    if (16 * v < limit)
         mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
-    return _mm512_mul_round_ps(_mm512_max_ps(mx, mx1), _mm512_set1_ps(c),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
+    return _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
 /*
@@ -675,21 +680,7 @@ static inline __attribute__((always_inline)) void softmax_row(const float *s, ui
             return;
         }
     }
-    /* four running maxima: one would be a chain of VMAXPS latencies */
-    __m512 mx = _mm512_set1_ps(-INFINITY), mx1 = mx, mx2 = mx, mx3 = mx;
-    int v = 0;
-    for (; 16 * v + 64 <= limit; v += 4) {
-        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
-        mx1 = _mm512_max_ps(mx1, _mm512_load_ps(s + 16 * v + 16));
-        mx2 = _mm512_max_ps(mx2, _mm512_load_ps(s + 16 * v + 32));
-        mx3 = _mm512_max_ps(mx3, _mm512_load_ps(s + 16 * v + 48));
-    }
-    for (; 16 * v + 16 <= limit; v++)
-        mx = _mm512_max_ps(mx, _mm512_load_ps(s + 16 * v));
-    if (16 * v < limit)
-        mx = _mm512_mask_max_ps(mx, lanes_below(v, limit), mx, _mm512_load_ps(s + 16 * v));
-    mx = _mm512_max_ps(_mm512_max_ps(mx, mx1), _mm512_max_ps(mx2, mx3));
-    mx = _mm512_mul_round_ps(mx, _mm512_set1_ps(c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 mx = row_max(s, limit, c);
     if (m == -INFINITY || _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + TAU), _CMP_GT_OQ)) {
         const float top = _mm512_reduce_max_ps(mx);
         if (top > m) { /* NaN scores leave m: their P is NaN whatever m is */
