@@ -2,6 +2,7 @@
  * ab_libs.c - two builds of libsdpa in one process, timed call by call.
  *
  *   bench_ab_libs OLD.so NEW.so [--dtype f32|bf16|f16] [--reps N]
+ *                 [--causal top-left] [--layout bshd|bhsd] [--burst N]
  *                 B,Sq,Skv,Hq,Hkv,D ...
  *
  * Both libraries are loaded with dlopen (RTLD_LOCAL: each keeps its own
@@ -18,8 +19,13 @@
  *
  * The backend is the dispatcher's choice unless SDPA_BACKEND names one
  * (both libraries read it). The program links neither library (a third
- * copy, loaded at start, could stand in for one of them). Inputs: uniform random values in (-1, 1), the
- * output in the inputs' dtype, default scale, no mask. The idle library's
+ * copy, loaded at start, could stand in for one of them). Inputs: uniform
+ * random values in (-1, 1), the output in the inputs' dtype, default
+ * scale, no mask; [B, S, H, D] tensors, or [B, H, S, D] with --layout bhsd
+ * (torch's layout, as libsdpa's Python calls pass it). --burst N: each
+ * turn is N calls in a row (a layer called again on the same tensors, as
+ * a benchmark's loop does: what the caches keep from one call to the
+ * next counts), timed together, per call. The idle library's
  * pool sleeps while the other runs (its workers wait on a condition).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -109,10 +115,15 @@ static void *random_tensor(convert_fn convert, sdpa_dtype t, size_t n)
     return x;
 }
 
-static sdpa_tensor bshd(void *data, sdpa_dtype t, int64_t B, int64_t S, int64_t H, int64_t D)
+/* A [B, S, H, D] view of the memory, laid out as [B, S, H, D] or, with
+ * heads_outer, [B, H, S, D]. */
+static sdpa_tensor view(void *data, sdpa_dtype t, int64_t B, int64_t S, int64_t H, int64_t D,
+                        int heads_outer)
 {
     sdpa_tensor x = {.data = data, .dtype = t, .device = {SDPA_DEVICE_CPU, 0},
                      .size = {B, S, H, D}, .stride = {S * H * D, H * D, D, 1}};
+    if (heads_outer)
+        x.stride[1] = D, x.stride[2] = S * D;
     return x;
 }
 
@@ -120,20 +131,28 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr, "usage: bench_ab_libs OLD.so NEW.so [--dtype f32|bf16|f16] [--reps N] "
-                        "B,Sq,Skv,Hq,Hkv,D ...\n");
+                        "[--causal top-left] [--layout bshd|bhsd] [--burst N] B,Sq,Skv,Hq,Hkv,D "
+                        "...\n");
         return 2;
     }
     sdpa_dtype dtype = SDPA_BF16;
-    int reps = 31, first_shape = 3;
+    int reps = 31, first_shape = 3, heads_outer = 0, burst = 1;
+    sdpa_params params = SDPA_PARAMS_DEFAULT;
     for (; first_shape + 1 < argc && argv[first_shape][0] == '-'; first_shape += 2) {
         const char *f = argv[first_shape], *v = argv[first_shape + 1];
         if (!strcmp(f, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))) {
             dtype = !strcmp(v, "f32") ? SDPA_F32 : !strcmp(v, "bf16") ? SDPA_BF16 : SDPA_F16;
         } else if (!strcmp(f, "--reps") && atoi(v) >= 3 && atoi(v) <= 100000) {
             reps = atoi(v);
+        } else if (!strcmp(f, "--burst") && atoi(v) >= 1 && atoi(v) <= 10000) {
+            burst = atoi(v);
+        } else if (!strcmp(f, "--causal") && !strcmp(v, "top-left")) {
+            params.causal = SDPA_CAUSAL_TOP_LEFT;
+        } else if (!strcmp(f, "--layout") && (!strcmp(v, "bshd") || !strcmp(v, "bhsd"))) {
+            heads_outer = !strcmp(v, "bhsd");
         } else {
-            fprintf(stderr, "bench_ab_libs: %s %s: expected --dtype f32|bf16|f16 or --reps N "
-                            "(3 or more)\n", f, v);
+            fprintf(stderr, "bench_ab_libs: %s %s: expected --dtype f32|bf16|f16, --reps N "
+                            "(3 or more), --causal top-left, --layout bshd|bhsd or --burst N (1 or more)\n", f, v);
             return 2;
         }
     }
@@ -145,8 +164,11 @@ int main(int argc, char **argv)
     double *ratio = malloc(sizeof(double) * (size_t)reps);
     if (!times[0] || !times[1] || !ratio)
         return 1;
-    printf("# bench_ab_libs: old %s, new %s; %s, %d pairs per shape, the order alternating; "
-           "backend %s\n", argv[1], argv[2], dtype == SDPA_F32 ? "f32" : dtype == SDPA_BF16 ? "bf16" : "f16", reps,
+    printf("# bench_ab_libs: old %s, new %s; %s, causal %s, layout %s, %d pairs of %d call%s per "
+           "shape, the order alternating; backend %s\n", argv[1], argv[2],
+           dtype == SDPA_F32 ? "f32" : dtype == SDPA_BF16 ? "bf16" : "f16",
+           params.causal == SDPA_CAUSAL_TOP_LEFT ? "top-left" : "none",
+           heads_outer ? "bhsd" : "bshd", reps, burst, burst > 1 ? "s" : "",
            getenv("SDPA_BACKEND") ? getenv("SDPA_BACKEND") : "the dispatcher's choice");
     printf("%-26s %10s %10s %10s %10s %8s %8s %8s\n", "shape B,Sq,Skv,Hq,Hkv,D", "old_ms",
            "old_min", "new_ms", "new_min", "new/old", "q1", "q3");
@@ -168,10 +190,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_ab_libs: shape '%s': out of memory\n", argv[a]);
             return 1;
         }
-        const sdpa_tensor tq = bshd(q, dtype, B, Sq, Hq, D), tk = bshd(k, dtype, B, Skv, Hkv, D);
-        const sdpa_tensor tv = bshd(v, dtype, B, Skv, Hkv, D);
-        sdpa_tensor to = bshd(o, dtype, B, Sq, Hq, D);
-        const sdpa_params params = SDPA_PARAMS_DEFAULT;
+        const sdpa_tensor tq = view(q, dtype, B, Sq, Hq, D, heads_outer);
+        const sdpa_tensor tk = view(k, dtype, B, Skv, Hkv, D, heads_outer);
+        const sdpa_tensor tv = view(v, dtype, B, Skv, Hkv, D, heads_outer);
+        sdpa_tensor to = view(o, dtype, B, Sq, Hq, D, heads_outer);
         for (int i = 0; i < 2; i++)
             for (int w = 0; w < 2; w++) /* warm: pools, tiles, packing buffers */
                 if (libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params) != SDPA_OK) {
@@ -183,8 +205,9 @@ int main(int argc, char **argv)
             for (int j = 0; j < 2; j++) {
                 const int i = n & 1 ? 1 - j : j;
                 const double t0 = now();
-                libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params);
-                times[i][n] = now() - t0;
+                for (int r = 0; r < burst; r++)
+                    libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params);
+                times[i][n] = (now() - t0) / burst;
             }
         for (int n = 0; n < reps; n++)
             ratio[n] = times[1][n] / times[0][n];
