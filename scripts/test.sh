@@ -80,7 +80,7 @@ configure_and_test build-asan "" -E '^test_grid$' -DCMAKE_BUILD_TYPE=RelWithDebI
 (cd build-asan && SDPA_TEST_QUICK=1 ctest --output-on-failure -R '^test_grid$')
 unset ASAN_OPTIONS UBSAN_OPTIONS
 TSAN_OPTIONS=halt_on_error=1 SDPA_TEST_QUICK=1 \
-  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_sparse|test_shares|test_soak|test_backward" \
+  configure_and_test build-tsan "test_dispatch|test_grid|test_masks|test_sparse|test_shares|test_soak|test_backward|test_task_lanes" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
 

@@ -10,13 +10,15 @@
  * also export) and omp_get_thread_num. The handle is kept open for the
  * life of the process: contexts hold its function pointers.
  *
- * Tasks go to the team's members by one atomic counter (any order, as the
- * contract allows); a member whose number is at or past the context's
- * threads takes none, so the workers libsdpa sees stay 0..threads-1 if
- * the host's team is wider.
+ * Tasks go to the team's members as on libsdpa's own pool (task_lanes.h:
+ * dealt in turn, the rest taken by whoever has run out, so a team narrower
+ * than asked for still runs them all); a member whose number is at or past
+ * the context's threads takes none, so the workers libsdpa sees stay
+ * 0..threads-1 if the host's team is wider.
  */
 #define _GNU_SOURCE
 #include "core.h"
+#include "task_lanes.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -91,9 +93,8 @@ static void find_runtime(void)
 typedef struct team_region {
     sdpa_task_body body;
     void *arg;
-    int64_t n_tasks;
     int threads;
-    _Atomic int64_t next;
+    sdpa_task_lanes lanes;
 } team_region;
 
 static void team_member(void *raw)
@@ -102,14 +103,15 @@ static void team_member(void *raw)
     const int worker = omp.thread_num();
     if (worker < 0 || worker >= r->threads)
         return;
-    for (int64_t t; (t = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed)) < r->n_tasks;)
-        r->body(r->arg, t, worker);
+    sdpa__task_lanes_drain(&r->lanes, worker, r->body, r->arg);
 }
 
 /* user: the team's width, as an integer (sdpa_openmp_host) */
 static void openmp_for(void *user, int64_t n_tasks, sdpa_task_body body, void *arg)
 {
-    team_region r = {body, arg, n_tasks, (int)(intptr_t)user, 0};
+    team_region r; /* 4 KB of lanes: set by _start, not zeroed first */
+    r.body = body, r.arg = arg, r.threads = (int)(intptr_t)user;
+    sdpa__task_lanes_start(&r.lanes, r.threads, n_tasks);
     omp.parallel(team_member, &r, (unsigned)r.threads, 0);
 }
 #endif

@@ -2,10 +2,11 @@
  * pool.c - a fixed set of worker threads, shared by the contexts of a
  * process that ask for the same width (or private to one context).
  *
- * Kernels split a call into independent tasks (batch x head x query block)
- * and hand them out through one atomic counter, so a thread that drew cheap
- * tasks (causal rows near the top) simply takes more of them. The calling
- * thread works too, as worker 0. Small calls run inline instead.
+ * Kernels split a call into independent tasks (batch x head x query block),
+ * dealt out to the workers in turn, a thread that has run out taking
+ * others' (task_lanes.h): one that drew cheap tasks (causal rows near the
+ * top) simply takes more of them. The calling thread works too, as worker
+ * 0. Small calls run inline instead.
  *
  * Waking a sleeping thread costs a futex round trip: 5-20 us on the
  * virtual machines measured here, as long as a whole 26-token attention
@@ -36,6 +37,7 @@
  *    in the one share that owns the piece.
  */
 #include "core.h"
+#include "task_lanes.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -65,8 +67,7 @@ struct sdpa_pool {
     _Atomic int busy; /* workers still inside the current region */
     sdpa_task_fn fn;
     void *arg;
-    int64_t n_tasks;
-    _Atomic int64_t next;
+    sdpa_task_lanes lanes; /* the region's tasks (n_tasks in it) */
 };
 
 typedef struct worker_arg {
@@ -74,12 +75,7 @@ typedef struct worker_arg {
     int index;
 } worker_arg;
 
-static void drain(sdpa_pool *p, int worker)
-{
-    int64_t t;
-    while ((t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->n_tasks)
-        p->fn(p->arg, t, worker);
-}
+static void drain(sdpa_pool *p, int worker) { sdpa__task_lanes_drain(&p->lanes, worker, p->fn, p->arg); }
 
 static uint64_t now_ns(void)
 {
@@ -166,7 +162,7 @@ static void *worker_main(void *raw)
         }
         if (atomic_load(&p->stop))
             break;
-        /* fn, arg and n_tasks were written before published (release) */
+        /* fn, arg and the lanes were written before published (release) */
         seen = atomic_load_explicit(&p->published, memory_order_acquire);
         drain(p, wa.index);
         if (atomic_fetch_sub_explicit(&p->busy, 1, memory_order_acq_rel) == 1) {
@@ -313,8 +309,8 @@ void sdpa__parallel_for(sdpa_pool *p, int64_t n_tasks, sdpa_task_fn fn, void *ar
     }
     pthread_mutex_lock(&p->submit);
     pthread_mutex_lock(&p->m);
-    p->fn = fn, p->arg = arg, p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    p->fn = fn, p->arg = arg;
+    sdpa__task_lanes_start(&p->lanes, p->threads, n_tasks);
     atomic_store_explicit(&p->busy, p->threads - 1, memory_order_relaxed);
     p->generation++;
     atomic_store_explicit(&p->published, p->generation, memory_order_release);

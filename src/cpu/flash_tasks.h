@@ -39,7 +39,7 @@ static inline int flash_groups_heads(const sdpa_call *c, int bq)
 }
 
 /* Share each packed K/V block among up to max_qb query blocks of bq rows
- * (a power of two), but keep at least per_thread tasks per thread so that
+ * (a power of two; then evened out over the head's tasks), but keep at least per_thread tasks per thread so that
  * odd shapes still balance (4 for long key ranges; the short-key path
  * takes 2: its tasks repack K/V each, and a 26-token grouped-query call
  * ran 12% faster in 4 tasks than in 10). grouped: cut by KV head
@@ -54,6 +54,11 @@ static inline flash_split flash_split_make(const sdpa_call_desc *d, int bq, int 
            heads * ((s.n_qblocks + 2 * s.qb_per_task - 1) / (2 * s.qb_per_task)) >=
                (int64_t)per_thread * threads)
         s.qb_per_task *= 2;
+    s.tasks_per_head = (s.n_qblocks + s.qb_per_task - 1) / s.qb_per_task;
+    /* a head's tasks of equal size: 86 blocks in two tasks of 43, not 64
+     * and 22 (SDXL's 4096 queries at 48 rows a block), whose big ones all
+     * fell to one worker once the pool dealt tasks in turn (task_lanes.h) */
+    s.qb_per_task = (int)((s.n_qblocks + s.tasks_per_head - 1) / s.tasks_per_head);
     s.tasks_per_head = (s.n_qblocks + s.qb_per_task - 1) / s.qb_per_task;
     return s;
 }
