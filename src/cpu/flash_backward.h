@@ -51,6 +51,18 @@
  * and BWD_MR (micro-kernel rows), BWD_NV (vectors per micro-kernel row),
  * BWD_BQ (query rows per block), BWD_BK (keys per block, a multiple of
  * VL), BWD_NAME.
+ *
+ * Or BWD_TILES (cpu.amx: amx/backward_amx.h), BWD_BQ 32 or 64, BWD_BK a
+ * multiple of 32:
+ * the five products on bf16 operands with fp32 sums (w->qs then holds q
+ * unscaled), by the includer's
+ * bwd_tiles_* functions (declared below, defined after the include), and
+ * BWD_TASK_START() / BWD_TASK_END() around each task (the tile
+ * configuration). Everything else (the split, masks, the softmax in fp32,
+ * the stores) is this file's, as for the vector kernels. The bf16 copies
+ * of a task's rows and of a key block live beside the f32 ones (bwd_work);
+ * products read 32 rows from a block's first, so buffers of rows have 32
+ * more, zero, rows at their end.
  */
 #include "../core/convert.h"
 #include "flash_tasks.h"
@@ -64,6 +76,26 @@
 
 #if BWD_BK % VL != 0
 #error "BWD_BK must be a multiple of VL"
+#endif
+
+#ifdef BWD_TILES
+#if (BWD_BQ != 32 && BWD_BQ != 64) || BWD_BK % 32 != 0
+#error "BWD_TILES: blocks of 32 or 64 rows and a multiple of 32 keys"
+#endif
+/* key columns a block computes: its keys rounded up to 32 (a short block
+ * of a long BWD_BK runs no products, exponentials or masks past them) */
+#define BWD_KEY_COLS(bk) (((bk) + 31) / 32 * 32)
+#define BWD_ROWS_PAD BWD_BQ /* rows past a buffer's last that a block's products read */
+/* q unscaled (bf16 q exact: a scaled copy would round every score by up to
+ * 2^-9 of it); the scale meets S in fp32 and dS for dK */
+#define BWD_Q_SCALED 0
+#else
+#define BWD_ROWS_PAD 0
+#define BWD_Q_SCALED 1 /* qs = scale q */
+#define BWD_KEY_COLS(bk) BWD_BK /* the micro-kernel's panels: every column */
+#ifndef BWD_TASK_START
+#define BWD_TASK_START() ((void)0)
+#define BWD_TASK_END() ((void)0)
 #endif
 
 /*
@@ -150,6 +182,7 @@ static void bwd_gemm(int M, int N, int K, const float *a, ptrdiff_t rs, ptrdiff_
         }
     }
 }
+#endif /* !BWD_TILES */
 
 /*
  * How a call is cut into tasks, from its shape alone (never the thread
@@ -202,6 +235,15 @@ typedef struct bwd_work {
     float *row;          /* [Dp]       a row on its way in or out       */
     uint8_t *qmark;      /* [map q_blocks] those listing the key block  */
     int64_t *keys;       /* [Skv]      visible keys under a key mask    */
+#ifdef BWD_TILES /* bf16 operands: BWD_BQ rows more than the task's, zero past the real ones */
+    uint16_t *qb, *db;   /* [rs][Dt]   q (unscaled), dO rows (A of S, dP)       */
+    uint16_t *qt, *dt;   /* [Dp][rs]   qs^T, dO^T (A of dK^T, dV^T)             */
+    uint16_t *ktp, *vtp; /* [Dt/2][BK][2] K^T, V^T, pairs of head dims (B of S, dP) */
+    uint16_t *kp;        /* [BK/2][Dp][2] K, pairs of keys (B of dQ)            */
+    uint16_t *pp, *dsp;  /* [BQ/2][BK][2] P, dS, pairs of rows (B of dV^T, dK^T) */
+    uint16_t *dsr;       /* [BQ][BK]   dS rows (A of dQ)                        */
+    int64_t Dt, rs;      /* D rounded up to 32; chunk rows + BWD_BQ           */
+#endif
 } bwd_work;
 
 /* What a task's rows see: causal key j is visible to query i when
@@ -221,6 +263,29 @@ typedef struct bwd_job {
     sdpa_map_by_keys *by_keys; /* a block map read by key blocks, or NULL */
 } bwd_job;
 
+/* Floats of one task's partial results (chunks): dK, dV of every key, or
+ * dQ of every row (the products of a block's last rows may touch 32 more:
+ * they stay in the task's own part). */
+static size_t bwd_part_floats(const bwd_split *sp, const sdpa_call_desc *d)
+{
+    return (size_t)(sp->by_rows ? 2 * d->Skv * sp->Dp : (sp->rows + BWD_ROWS_PAD) * sp->Dp);
+}
+
+#ifdef BWD_TILES
+/* The includer's (the tiles): a real row's bf16 copies (row rr of the
+ * task, qs and dout of Dp floats), and the transposes of the task's n
+ * rows once they are all there; a key block's (from kt, vt and kr, its
+ * bk keys); the block's S and dP (into w->s, w->dp); and its gradients
+ * from P (w->s) and dS (w->dp) of nr rows: dV^T, dK^T, and dQ at dq. */
+static void bwd_tiles_pack_row(const bwd_work *w, int64_t rr, const float *qs,
+                               const float *dout, int64_t Dp);
+static void bwd_tiles_transpose_rows(const bwd_work *w, int64_t n, int64_t Dp);
+static void bwd_tiles_pack_keys(const bwd_work *w, int bk, int64_t D, int64_t Dp);
+static void bwd_tiles_scores(const bwd_work *w, int64_t r0, int kc, float scale);
+static void bwd_tiles_grads(const bwd_work *w, int64_t Dp, int64_t r0, int nr, int kc, float *dq,
+                            float scale);
+#endif
+
 /* Packs the task's real rows r_lo .. r_hi of its row space (buffers
  * indexed from r_lo): qs = scale q, dO, the LSE (+inf where the forward
  * saw no key, so that P = 0 there), Di = dO . O minus the LSE's gradient. */
@@ -229,13 +294,18 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
 {
     const sdpa_call_desc *d = &c->desc;
     const int64_t D = d->D, Dp = sp->Dp, G = d->Hq / d->Hkv;
+#ifdef BWD_TILES /* padding rows are read by the products: zeros (P and dS are 0 there) */
+    memset(w->qb, 0, sizeof(uint16_t) * (size_t)((r_hi - r_lo + BWD_ROWS_PAD) * w->Dt));
+    memset(w->db, 0, sizeof(uint16_t) * (size_t)((r_hi - r_lo + BWD_ROWS_PAD) * w->Dt));
+    memset(w->qt, 0, sizeof(uint16_t) * (size_t)(2 * Dp * w->rs)); /* qt, then dt */
+#endif
     for (int64_t r = r_lo; r < r_hi; r++) {
         const int64_t h = hk * G + r / d->Sq, i = r % d->Sq;
         if (i >= len_q)
-            continue; /* padding: never read */
+            continue; /* padding: never read (tiles: zeros) */
         float *qs = w->qs + (r - r_lo) * Dp, *dout = w->dout + (r - r_lo) * Dp;
         sdpa__load_row(sdpa__elem(c->q, sdpa__offset(c->q, b, i, h, 0)), c->q->dtype,
-                       c->q->stride[3], D, (float)c->scale, qs);
+                       c->q->stride[3], D, BWD_Q_SCALED ? (float)c->scale : 1.0f, qs);
         sdpa__load_row(sdpa__elem(c->dout, sdpa__offset(c->dout, b, i, h, 0)), c->dout->dtype,
                        c->dout->stride[3], D, 1.0f, dout);
         sdpa__load_row(sdpa__elem(c->out, sdpa__offset(c->out, b, i, h, 0)), c->out->dtype,
@@ -245,12 +315,18 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
             di += dout[e] * w->row[e];
         for (int64_t e = D; e < Dp; e++)
             qs[e] = dout[e] = 0.0f;
+#ifdef BWD_TILES
+        bwd_tiles_pack_row(w, r - r_lo, qs, dout, Dp);
+#endif
         const int64_t at = (b * d->Hq + h) * d->Sq + i;
         const float l = c->lse[at];
         w->lse[r - r_lo] = l == -INFINITY ? INFINITY : l;
         /* the LSE's gradient g adds g P_ij to dS_ij: D_i - g_i */
         w->di[r - r_lo] = c->dlse ? di - c->dlse[at] : di;
     }
+#ifdef BWD_TILES
+    bwd_tiles_transpose_rows(w, r_hi - r_lo, Dp);
+#endif
 }
 
 /* Packs keys flash_key(keys, p0 + j), j < bk, of KV head hk: K^T and V^T
@@ -278,6 +354,9 @@ static void bwd_pack_keys(const sdpa_call *c, const bwd_work *w, const bwd_split
             w->vt[e * BWD_BK + j] = w->row[e];
         }
     }
+#ifdef BWD_TILES
+    bwd_tiles_pack_keys(w, bk, D, Dp);
+#endif
 }
 
 /* The window and the block map on row i's first n scores (keys
@@ -328,6 +407,7 @@ static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, 
     const int general = mk && mk->general;
     const int sparse = mk && (mk->window || mk->blocks); /* element by element (sparse.h) */
     const int64_t last_key = flash_key(keys, p0 + bk - 1);
+    const int kc = BWD_KEY_COLS(bk);
     for (int r = 0; r < nr; r++) {
         float *s = w->s + (ptrdiff_t)r * BWD_BK;
         const int64_t i = i0 + r;
@@ -337,7 +417,7 @@ static void bwd_mask(const sdpa_call *c, const bwd_work *w, const bwd_rows *tk, 
             while (n < bk && flash_key(keys, p0 + n) <= i + tk->offset)
                 n++;
         }
-        for (int j = n; j < BWD_BK; j++)
+        for (int j = n; j < kc; j++)
             s[j] = -INFINITY;
         for (int j = 0; general && j < n; j++)
             s[j] = sdpa__mask_general(mk, sdpa__mask_at(mk, tk->b, h, i, flash_key(keys, p0 + j)),
@@ -352,11 +432,17 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
                      const bwd_rows *tk, int64_t h, int64_t r0, int64_t i0, int nr,
                      const int64_t *keys, int64_t p0, int bk, float *dq)
 {
-    const int64_t D = c->desc.D, Dp = sp->Dp;
+    const int64_t Dp = sp->Dp;
+    const int kc = BWD_KEY_COLS(bk); /* the score columns computed */
+#ifdef BWD_TILES /* S and dP */
+    bwd_tiles_scores(w, r0, kc, (float)c->scale);
+#else
+    const int64_t D = c->desc.D;
     const float *qs = w->qs + r0 * Dp, *dout = w->dout + r0 * Dp;
     /* S = qs K^T */
     bwd_gemm(nr, BWD_BK, (int)D, qs, Dp, 1, w->kt, BWD_BK, w->s, BWD_BK, 0);
-    const int masked = bk < BWD_BK ||
+#endif
+    const int masked = bk < kc ||
                        (c->mask && (c->mask->general || c->mask->window || c->mask->blocks)) ||
                        (tk->causal && flash_key(keys, p0 + bk - 1) > i0 + tk->offset);
     if (masked)
@@ -365,24 +451,30 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     for (int r = 0; r < nr; r++) {
         float *s = w->s + (ptrdiff_t)r * BWD_BK;
         const vec l = V_SET1(w->lse[r0 + r]);
-        for (int j = 0; j < BWD_BK; j += VL)
+        for (int j = 0; j < kc; j += VL)
             V_STORE(s + j, V_EXP(V_SUB(V_LOAD(s + j), l)));
     }
+#ifndef BWD_TILES
     /* dV^T += dO^T P: A(e, r) = dout[r][e] */
     bwd_gemm((int)D, BWD_BK, nr, dout, 1, Dp, w->s, BWD_BK, w->dvt, BWD_BK, 1);
     /* dP = dO V^T, then dS = P (dP - Di) in place */
     bwd_gemm(nr, BWD_BK, (int)D, dout, Dp, 1, w->vt, BWD_BK, w->dp, BWD_BK, 0);
+#endif
     for (int r = 0; r < nr; r++) {
         float *dp = w->dp + (ptrdiff_t)r * BWD_BK;
         const float *p = w->s + (ptrdiff_t)r * BWD_BK;
         const vec di = V_SET1(w->di[r0 + r]);
-        for (int j = 0; j < BWD_BK; j += VL)
+        for (int j = 0; j < kc; j += VL)
             V_STORE(dp + j, V_MUL(V_LOAD(p + j), V_SUB(V_LOAD(dp + j), di)));
     }
+#ifdef BWD_TILES /* dV^T, dK^T and dQ (K's pad keys are zero) */
+    bwd_tiles_grads(w, Dp, r0, nr, kc, dq, (float)c->scale);
+#else
     /* dK^T += qs^T dS */
     bwd_gemm((int)D, BWD_BK, nr, qs, 1, Dp, w->dp, BWD_BK, w->dkt, BWD_BK, 1);
     /* dQ += dS K (the block's bk keys) */
     bwd_gemm(nr, (int)Dp, bk, w->dp, BWD_BK, 1, w->kr, Dp, dq + r0 * Dp, Dp, 1);
+#endif
 }
 
 /* dK, dV rows of the key block from dK^T, dV^T: into the tensors, or
@@ -506,7 +598,7 @@ static void bwd_task(void *arg, int64_t task, int worker)
     const int64_t r_hi = r_lo + sp->chunk_rows < sp->rows ? r_lo + sp->chunk_rows : sp->rows;
     const int64_t kj0 = sp->by_rows ? 0 : chunk * sp->chunk_keys;
     const int64_t kj1 = kj0 + sp->chunk_keys < d->Skv ? kj0 + sp->chunk_keys : d->Skv;
-    const size_t part = (size_t)(sp->by_rows ? 2 * d->Skv * Dp : sp->rows * Dp);
+    const size_t part = bwd_part_floats(sp, d);
     float *parts = jb->parts ? jb->parts + (size_t)task * part : NULL;
     float *dq = parts && !sp->by_rows ? parts : w->dq;
     float *kv_part = parts && sp->by_rows ? parts : NULL;
@@ -531,14 +623,15 @@ static void bwd_task(void *arg, int64_t task, int worker)
     }
     const int sparse = mk && (mk->window || mk->blocks);
     if (len_q > 0 && nk > 0) {
+        BWD_TASK_START();
         bwd_pack_rows(c, w, sp, b, hk, len_q, r_lo, r_hi);
         for (int64_t p = 0; p < nk; p += BWD_BK) {
             const int bk = (int)(nk - p < BWD_BK ? nk - p : BWD_BK);
             /* without a key list, flash_key(NULL, p0) is p0: key numbers */
             const int64_t p0 = keys ? p : kj0 + p;
             const int64_t kfirst = flash_key(keys, p0), klast = flash_key(keys, p0 + bk - 1);
-            memset(w->dkt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
-            memset(w->dvt, 0, sizeof(float) * (size_t)(d->D * BWD_BK));
+            memset(w->dkt, 0, sizeof(float) * (size_t)(Dp * BWD_BK));
+            memset(w->dvt, 0, sizeof(float) * (size_t)(Dp * BWD_BK));
             if (jb->by_keys && !bwd_keys_listed(c, jb->by_keys, b, hk * G, G, kfirst, klast)) {
                 bwd_store_keys(c, w, sp, b, hk, keys, p0, bk, kv_part); /* listed by none */
                 continue;
@@ -567,6 +660,7 @@ static void bwd_task(void *arg, int64_t task, int worker)
             }
             bwd_store_keys(c, w, sp, b, hk, keys, p0, bk, kv_part);
         }
+        BWD_TASK_END();
     }
     if (dq == w->dq)
         bwd_store_dq(c, sp, b, hk, len_q, r_lo, r_hi, dq);
@@ -586,7 +680,7 @@ static void bwd_reduce_task(void *arg, int64_t task, int worker)
     const int64_t bh = task / blocks, x0 = task % blocks * step;
     const int64_t x1 = x0 + step < n ? x0 + step : n;
     const int64_t b = bh / d->Hkv, hk = bh % d->Hkv, G = d->Hq / d->Hkv;
-    const size_t part = (size_t)(sp->by_rows ? 2 * d->Skv * Dp : sp->rows * Dp);
+    const size_t part = bwd_part_floats(sp, d);
     const float *base = jb->parts + (size_t)(bh * sp->chunks) * part;
     float *row = jb->ws[worker].row;
     int64_t len_q, len_kv;
@@ -627,9 +721,18 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
     const int keys_split = sp->chunks > 1 && !sp->by_rows; /* dQ lives in the parts */
     const sdpa_block_map *map = c->mask ? c->mask->blocks : NULL;
     const size_t marks = map ? (size_t)(map->q_blocks + 3) / 4 : 0; /* floats of qmark bytes */
-    const size_t per = (size_t)(rows * (2 * Dp + 2) + (keys_split ? 0 : rows * Dp) +
-                                4 * D * BWD_BK + BWD_BK * Dp + 2 * BWD_BQ * BWD_BK + Dp + 16) +
-                       marks + (c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0);
+#ifdef BWD_TILES /* bf16: qb, db, qt, dt; ktp, vtp, kp; pp, dsp, dsr (2 to a float) */
+    /* rs even: qt and dt are written two rows (a 32-bit word) at a time */
+    const int64_t Dt = (D + 31) / 32 * 32, rs = (rows + BWD_ROWS_PAD + 1) / 2 * 2;
+    const size_t tiles = (size_t)(rs * Dt + rs * Dp + Dt * BWD_BK + BWD_BK * Dp / 2 +
+                                  3 * BWD_BQ * BWD_BK / 2 + 64);
+#else
+    const size_t tiles = 0;
+#endif
+    const size_t per = (size_t)(rows * (2 * Dp + 2) + (keys_split ? 0 : (rows + BWD_ROWS_PAD) * Dp) +
+                                2 * D * BWD_BK + 2 * Dp * BWD_BK + BWD_BK * Dp +
+                                2 * BWD_BQ * BWD_BK + Dp + 16) +
+                       marks + (c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0) + tiles;
     const size_t descs = ((size_t)threads * sizeof(bwd_work) + 63) / 64 * 64;
     const size_t bytes = per * sizeof(float) * (size_t)threads + descs;
     char *base = sdpa__scratch(bytes);
@@ -637,7 +740,7 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes for the backward pass",
                           BWD_NAME, bytes);
     if (sp->chunks > 1) {
-        const size_t part = (size_t)(sp->by_rows ? 2 * d->Skv * Dp : sp->rows * Dp);
+        const size_t part = bwd_part_floats(sp, d);
         const size_t part_bytes = sizeof(float) * (size_t)(d->B * d->Hkv * sp->chunks) * part;
         jb.parts = sdpa__malloc(part_bytes);
         if (!jb.parts) {
@@ -664,11 +767,11 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         w->dout = p, p += rows * Dp;
         w->lse = p, p += rows;
         w->di = p, p += rows;
-        w->dq = keys_split ? NULL : p, p += keys_split ? 0 : rows * Dp;
+        w->dq = keys_split ? NULL : p, p += keys_split ? 0 : (rows + BWD_ROWS_PAD) * Dp;
         w->kt = p, p += D * BWD_BK;
         w->vt = p, p += D * BWD_BK;
-        w->dkt = p, p += D * BWD_BK;
-        w->dvt = p, p += D * BWD_BK;
+        w->dkt = p, p += Dp * BWD_BK; /* Dp: the tiles' rows of head dims */
+        w->dvt = p, p += Dp * BWD_BK;
         w->kr = p, p += BWD_BK * Dp;
         w->s = p, p += BWD_BQ * BWD_BK;
         w->dp = p, p += BWD_BQ * BWD_BK;
@@ -676,6 +779,21 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         w->qmark = marks ? (uint8_t *)p : NULL, p += marks;
         p += (16 - (size_t)(p - mem) % 16) % 16; /* the key list 8-byte aligned */
         w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
+        p += c->mask && c->mask->key ? 2 * d->Skv : 0;
+#ifdef BWD_TILES
+        uint16_t *h = (uint16_t *)p;
+        w->Dt = Dt, w->rs = rs;
+        w->qb = h, h += rs * Dt;
+        w->db = h, h += rs * Dt;
+        w->qt = h, h += Dp * rs;
+        w->dt = h, h += Dp * rs;
+        w->ktp = h, h += Dt * BWD_BK;
+        w->vtp = h, h += Dt * BWD_BK;
+        w->kp = h, h += BWD_BK * Dp;
+        w->pp = h, h += BWD_BQ * BWD_BK;
+        w->dsp = h, h += BWD_BQ * BWD_BK;
+        w->dsr = h, h += BWD_BQ * BWD_BK;
+#endif
     }
     sdpa__parallel_for(c->pool, d->B * d->Hkv * sp->chunks, bwd_task, &jb);
     if (sp->chunks > 1) {

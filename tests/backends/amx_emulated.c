@@ -8,6 +8,7 @@
 #define SDPA_AMX_EMULATE 1
 #define AMX_RUN_SYMBOL sdpa__cpu_amx_emulated_run
 #define AMX_HELD_SYMBOL sdpa__cpu_amx_emulated_threads_holding_tiles
+#define AMX_BACKWARD_SYMBOL sdpa__cpu_amx_emulated_backward
 #include "cpu/amx/flash_amx.c"
 
 #include "amx_emulated.h"

@@ -10,6 +10,7 @@
 
 extern const sdpa_backend sdpa__backend_cpu_amx; /* src/cpu/amx/backend.c */
 sdpa_status sdpa__cpu_amx_emulated_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_amx_emulated_backward(const sdpa_backend *self, const sdpa_call *call);
 
 static sdpa_backend emulated;
 static pthread_once_t emulated_once = PTHREAD_ONCE_INIT;
@@ -26,6 +27,7 @@ static void make_emulated(void)
     emulated.fallback_rank = 0;
     emulated.present = sdpa__cpu_backend_present;
     emulated.run = sdpa__cpu_amx_emulated_run;
+    emulated.backward = sdpa__cpu_amx_emulated_backward;
     emulated.not_built = NULL;
 }
 

@@ -28,6 +28,10 @@
  */
 #include "support/scripted.h"
 #include "support/testlib.h"
+#ifdef SDPA_TEST_AMX_EMULATED
+#include "amx_emulated.h"
+#include "dispatch/context.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -205,22 +209,60 @@ static int claims(const char *backend, const bcase *bc, char *why, size_t n)
 /* |error| allowed relative to max |ref gradient|: f32 accumulation of
  * blockwise products (~1e-6), the stored gradient's rounding, and the
  * inputs the kernel reads that ref does not: out in its dtype (for
- * D_i = dout . out) and the f32 LSE. Peaked softmaxes add the float32
+ * D_i = dout . out) and the f32 LSE; a kernel whose products take bf16
+ * operands (cpu.amx: q, dO, P and dS rounded, f16 inputs too) the
+ * forward grid's allowance for them. Peaked softmaxes add the float32
  * rounding of scores near 100, as in the forward's grid. */
-static double tolerance(const tl_case *c)
+static double tolerance(const tl_case *c, int product_bits)
 {
-    double tol = 1e-5;
+    double tol = 1e-5 + tl_product_tolerance(product_bits);
     if (c->out_dtype == SDPA_F16)
-        tol = 2e-3;
+        tol += 2e-3;
     else if (c->out_dtype == SDPA_BF16)
-        tol = 1.5e-2;
+        tol += 1.5e-2;
     if (c->values == TL_PEAKED)
         tol += 16.0 * (double)c->D * ldexp(1.0, -22);
     return tol;
 }
 
-static void check_case(const char *backend, const bcase *bc)
+static sdpa_backend_info info(const char *backend)
 {
+    sdpa_backend_info b;
+    for (int i = 0; i < sdpa_backend_count(ctx2); i++)
+        if (sdpa_backend_get(ctx2, i, &b) == SDPA_OK && strcmp(b.name, backend) == 0)
+            return b;
+    memset(&b, 0, sizeof b);
+    return b;
+}
+
+/* A backend that does not take a case's input dtypes (cpu.amx: no f32)
+ * gets the case in the dtypes it takes, alternately, as in the forward's
+ * grid: it meets the whole grid rather than the part in its dtypes. */
+static bcase in_dtype_taken(const sdpa_backend_info *bi, const bcase *in)
+{
+    static unsigned alternate;
+    bcase bc = *in;
+    tl_case *c = &bc.c;
+    const sdpa_dtype kv = tl_kv_dtype(c);
+    if (!bi->dtypes || (bi->dtypes & (1u << c->dtype) && bi->dtypes & (1u << kv)))
+        return bc;
+    sdpa_dtype pick[SDPA_DTYPE_COUNT];
+    int n = 0;
+    for (int t = 0; t < SDPA_DTYPE_COUNT; t++)
+        if (bi->dtypes & (1u << t))
+            pick[n++] = (sdpa_dtype)t;
+    const sdpa_dtype t = pick[alternate++ % (unsigned)n];
+    if (!(bi->dtypes & (1u << c->dtype)))
+        c->dtype = t;
+    if (!(bi->dtypes & (1u << kv)))
+        c->kv_dtype = t == c->dtype ? 0 : SDPA_KV_DTYPE(t);
+    return bc;
+}
+
+static void check_case(const char *backend, const bcase *bc_in)
+{
+    const sdpa_backend_info bi = info(backend);
+    const bcase bcc = in_dtype_taken(&bi, bc_in), *bc = &bcc;
     const tl_case *c = &bc->c;
     char what[320], why[512];
     describe(bc, what, sizeof what);
@@ -243,6 +285,11 @@ static void check_case(const char *backend, const bcase *bc)
         CHECK(0, "%s: out of memory", what);
         return;
     }
+    /* a kernel with bf16 products rounds f16 inputs to bf16 (3 bits of
+     * every score, its documented precision): the case's inputs are such
+     * values already, so that the comparison sees its products' rounding */
+    if (bi.product_bits == 8 && (c->dtype == SDPA_F16 || tl_kv_dtype(c) == SDPA_F16))
+        tl_problem_round_bf16(&p), tl_problem_round_bf16(&dp);
     /* the forward's out (in the case's dtype) and LSE, from ref */
     sdpa_params prm = params_of(c, &mk, "ref");
     sdpa_status st = sdpa_forward(ctx2, &p.q, &p.k, &p.v, &out.t, out.lse, &prm);
@@ -259,7 +306,7 @@ static void check_case(const char *backend, const bcase *bc)
     CHECK(sg == SDPA_OK, "%s backward %s: %s: %s", backend, what, sdpa_status_string(sg),
           sdpa_last_error());
     if (st == SDPA_OK && sg == SDPA_OK) {
-        const double scale = max_abs3(&want), tol = tolerance(c);
+        const double scale = max_abs3(&want), tol = tolerance(c, bi.product_bits);
         const tl_output *g[3] = {&got.dq, &got.dk, &got.dv}, *w[3] = {&want.dq, &want.dk, &want.dv};
         static const char *names[3] = {"dq", "dk", "dv"};
         for (int i = 0; i < 3; i++) {
@@ -678,6 +725,13 @@ int main(int argc, char **argv)
     o.threads = 1, o.ignore_env = 1;
     if (sdpa_context_create(&o, &ctx1) != SDPA_OK)
         return 1;
+#ifdef SDPA_TEST_AMX_EMULATED /* cpu.amx's backward on emulated tiles (test_grid's note) */
+    if (sdpa__ctx_add_backend(ctx1, sdpa__cpu_amx_emulated()) != SDPA_OK ||
+        sdpa__ctx_add_backend(ctx2, sdpa__cpu_amx_emulated()) != SDPA_OK) {
+        printf("cannot add cpu.amx-emulated: %s\n", sdpa_last_error());
+        return 1;
+    }
+#endif
     ref_against_finite_differences();
     api();
     if (argc > 1) {
@@ -693,6 +747,9 @@ int main(int argc, char **argv)
                 printf("(%s: no backward pass)\n", bi.name);
             else if (!bi.present)
                 tl_skip(bi.name, bi.why_absent);
+            else if (getenv("SDPA_TEST_QUICK") && strcmp(bi.name, "cpu.amx-emulated") == 0 &&
+                     info("cpu.amx").present) /* as in test_grid: the same kernel, 100x the time */
+                tl_skip(bi.name, "SDPA_TEST_QUICK: cpu.amx runs the same kernel on real tiles here");
             else
                 grid(bi.name);
         }

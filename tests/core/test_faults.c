@@ -201,7 +201,8 @@ static sdpa_status build_3d(void *arg);
 
 /* Backward calls cut by keys (partial dQ) and by rows (partial dK, dV),
  * and one under a block map (the map read by key blocks is allocated). */
-static int backward_faults(const char *backend)
+/* dtype: the inputs' (a backend without f32, cpu.amx: bf16) */
+static int backward_faults(const char *backend, sdpa_dtype dtype)
 {
     static const int64_t shapes[3][3] = {{70, 200, 2}, {300, 40, 2}, {233, 233, 2}};
     for (int s = 0; s < 3; s++) {
@@ -216,7 +217,7 @@ static int backward_faults(const char *backend)
             mask.blocks = map;
             a.mask = &mask;
         }
-        tl_case c = {1, shapes[s][0], shapes[s][1], 4, shapes[s][2], 64, SDPA_F32, SDPA_F32,
+        tl_case c = {1, shapes[s][0], shapes[s][1], 4, shapes[s][2], 64, dtype, SDPA_F32,
                      SDPA_CAUSAL_NONE, TL_BSHD, 1, TL_UNIFORM, 0, 0};
         if (!tl_problem_make(&a.p, &c) || !tl_problem_make(&a.dp, &c) ||
             !tl_output_make(&a.out, &a.p))
@@ -347,12 +348,13 @@ int main(void)
             free(a.before), free(a.lse_before);
             tl_output_free(&a.out), tl_problem_free(&a.p);
         }
-    if (!backward_faults(NULL))
+    if (!backward_faults(NULL, SDPA_F32))
         return 1;
     for (int i = 0; i < sdpa_backend_count(ctx); i++) {
         sdpa_backend_info b;
         if (sdpa_backend_get(ctx, i, &b) == SDPA_OK && b.present && b.backward &&
-            b.device == SDPA_DEVICE_CPU && !backward_faults(b.name))
+            b.device == SDPA_DEVICE_CPU &&
+            !backward_faults(b.name, b.dtypes & (1u << SDPA_F32) ? SDPA_F32 : SDPA_BF16))
             return 1;
     }
     sdpa_context_destroy(ctx);

@@ -243,6 +243,18 @@ int tl_problem_rounded(tl_problem *dst, const tl_problem *src, sdpa_dtype t)
     return 1;
 }
 
+void tl_problem_round_bf16(tl_problem *p)
+{
+    const sdpa_tensor *ts[3] = {&p->q, &p->k, &p->v};
+    for (int i = 0; i < 3; i++)
+        for (int64_t b = 0; b < ts[i]->size[0]; b++)
+            for (int64_t s = 0; s < ts[i]->size[1]; s++)
+                for (int64_t h = 0; h < ts[i]->size[2]; h++)
+                    for (int64_t d = 0; d < ts[i]->size[3]; d++)
+                        put(ts[i], b, s, h, d,
+                            sdpa__bf16_to_f32(sdpa__f32_to_bf16(tl_out_get(ts[i], b, s, h, d))));
+}
+
 void tl_problem_free(tl_problem *p)
 {
     for (int i = 0; i < 3; i++)

@@ -98,6 +98,10 @@ void tl_problem_free(tl_problem *p);
 /* The same problem with every input rounded to dtype t (what a kernel
  * whose products take t operands computes from). */
 int tl_problem_rounded(tl_problem *dst, const tl_problem *src, sdpa_dtype t);
+/* q, k and v rounded in place to bf16's 8 significant bits, in their own
+ * dtype (f16 holds them exactly): inputs that a kernel whose products take
+ * bf16 operands reads without a rounding of its own. */
+void tl_problem_round_bf16(tl_problem *p);
 
 /* An output tensor for the problem, with guard bytes; strided layouts leave
  * gaps filled with a pattern that tl_output_check verifies untouched. */

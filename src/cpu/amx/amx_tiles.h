@@ -163,6 +163,31 @@ static inline void amx_emu_dpbf16ps(int c, int a, int b)
 #define TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 #endif
 
+/* The kernels' 32 x 32 step: C tiles 0-3 (two row halves x two column
+ * halves) += A . B, A's row halves (tiles 4, 5) from a0 and a1, B's column
+ * halves (tiles 6, 7) from b0 and b1; strides in bytes. */
+static inline void amx_step_2x2(const void *a0, const void *a1, int64_t sa, const void *b0,
+                                const void *b1, int64_t sb)
+{
+    TILE_LOAD(4, a0, sa);
+    TILE_LOAD(5, a1, sa);
+    TILE_LOAD(6, b0, sb);
+    TILE_LOAD(7, b1, sb);
+    TILE_DPBF16PS(0, 4, 6);
+    TILE_DPBF16PS(1, 4, 7);
+    TILE_DPBF16PS(2, 5, 6);
+    TILE_DPBF16PS(3, 5, 7);
+}
+
+/* C tiles 0-3 to the 32 x 32 fp32 block at c, rows ld floats apart. */
+static inline void amx_store_2x2(float *c, int64_t ld)
+{
+    TILE_STORE(0, c, ld * 4);
+    TILE_STORE(1, c + 16, ld * 4);
+    TILE_STORE(2, c + 16 * ld, ld * 4);
+    TILE_STORE(3, c + 16 * ld + 16, ld * 4);
+}
+
 /* Configures all 8 tiles as 16 rows x 64 bytes on the calling thread. */
 static inline void amx_configure_full_tiles(void)
 {

@@ -10,6 +10,7 @@
 double sdpa__probe_amx_bf16(int64_t iters);
 
 sdpa_status sdpa__cpu_amx_run(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status sdpa__cpu_amx_backward(const sdpa_backend *self, const sdpa_call *call);
 int sdpa__cpu_amx_selftest(void);
 
 /* The features, then the one-tile self-test on first use (flash_amx.c). */
@@ -40,11 +41,13 @@ const sdpa_backend sdpa__backend_cpu_amx = {
              .mixed_dtypes = 1, /* f16 and bf16 apart: each rounded to bf16 as it is packed */
              /* AVX-512 and AVX512-BF16 for the softmax and the rounding of P */
              .cpu_features = SDPA_CPU_AMX_BF16 | SDPA_CPU_AVX512F | SDPA_CPU_AVX512BF16,
-             .product_bits = 8},
+             .product_bits = 8,
+             .backward = 1}, /* backward_amx.h: the same products on tiles */
     .fallback_rank = 40,
     .version = SDPA_CPU_VERSION,
     .present = amx_present,
     .run = SDPA_CPU_KERNEL(sdpa__cpu_amx_run),
+    .backward = SDPA_CPU_KERNEL(sdpa__cpu_amx_backward),
     .not_built = SDPA_CPU_NOT_BUILT,
     .probe = SDPA_CPU_PROBE(sdpa__probe_amx_bf16),
     .probe_unit = SDPA_CPU_AMX_BF16,

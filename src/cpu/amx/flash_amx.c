@@ -409,7 +409,7 @@ static amx_scores scores_begin(const amx_job *jb, const amx_qblock *qb, const am
 
 static inline void scores_step(const amx_job *jb, amx_scores *a)
 {
-    const int64_t Dp = jb->Dp, nch = Dp / 32, ld = jb->ss * 4;
+    const int64_t Dp = jb->Dp, nch = Dp / 32;
     const int64_t g = a->step / nch, ch = a->step % nch;
     const uint16_t *q = a->qb->q;
     if (!(a->groups >> g & 1)) { /* no row sees these keys: their scores are -inf'd unread */
@@ -422,21 +422,10 @@ static inline void scores_step(const amx_job *jb, amx_scores *a)
         TILE_ZERO(2);
         TILE_ZERO(3);
     }
-    TILE_LOAD(4, q + ch * 32, Dp * 2);
-    TILE_LOAD(5, q + 16 * Dp + ch * 32, Dp * 2);
-    TILE_LOAD(6, a->k + (2 * g * nch + ch) * 512, 64);
-    TILE_LOAD(7, a->k + ((2 * g + 1) * nch + ch) * 512, 64);
-    TILE_DPBF16PS(0, 4, 6);
-    TILE_DPBF16PS(1, 4, 7);
-    TILE_DPBF16PS(2, 5, 6);
-    TILE_DPBF16PS(3, 5, 7);
-    if (ch == nch - 1) {
-        float *s = a->s + g * 32;
-        TILE_STORE(0, s, ld);
-        TILE_STORE(1, s + 16, ld);
-        TILE_STORE(2, s + 16 * jb->ss, ld);
-        TILE_STORE(3, s + 16 * jb->ss + 16, ld);
-    }
+    amx_step_2x2(q + ch * 32, q + 16 * Dp + ch * 32, Dp * 2, a->k + (2 * g * nch + ch) * 512,
+                 a->k + ((2 * g + 1) * nch + ch) * 512, 64);
+    if (ch == nch - 1)
+        amx_store_2x2(a->s + g * 32, jb->ss);
     a->step++;
 }
 
@@ -476,19 +465,10 @@ static void values(const amx_job *jb, const amx_workspace *w, amx_qblock *qb, co
         for (int ch = 0; ch < bkp / 32; ch++) {
             if (!(groups >> ch & 1))
                 continue;
-            TILE_LOAD(4, w->p + ch * 32, ld);
-            TILE_LOAD(5, w->p + 16 * jb->ps + ch * 32, ld);
-            TILE_LOAD(6, v + (ch * ng + g) * 512, 64);
-            TILE_LOAD(7, v + (ch * ng + g + 1) * 512, 64);
-            TILE_DPBF16PS(0, 4, 6);
-            TILE_DPBF16PS(1, 4, 7);
-            TILE_DPBF16PS(2, 5, 6);
-            TILE_DPBF16PS(3, 5, 7);
+            amx_step_2x2(w->p + ch * 32, w->p + 16 * jb->ps + ch * 32, ld,
+                         v + (ch * ng + g) * 512, v + (ch * ng + g + 1) * 512, 64);
         }
-        TILE_STORE(0, o, Dv * 4);
-        TILE_STORE(1, o + 16, Dv * 4);
-        TILE_STORE(2, o + 16 * Dv, Dv * 4);
-        TILE_STORE(3, o + 16 * Dv + 16, Dv * 4);
+        amx_store_2x2(o, Dv);
     }
     if (g < ng) { /* an odd last group of 16 head dims (D = 72: 80, not 96) */
         float *o = qb->o + g * 16;
@@ -1479,6 +1459,11 @@ sdpa_status AMX_RUN_SYMBOL(const sdpa_backend *self, const sdpa_call *call)
 {
     return amx_run(self, call);
 }
+
+/* The backward pass (not in the build that times the forward without tiles) */
+#ifndef SDPA_AMX_NO_TILES
+#include "backward_amx.h"
+#endif
 
 #if !defined(SDPA_AMX_EMULATE) && !defined(SDPA_AMX_NO_TILES)
 /*
