@@ -226,6 +226,7 @@ def backward_arms(peers, q, k, v, dims, bf16, T, outs):
     info = peers.info(T)
     for b in info["backends"]:
         if (b["device"] == "cpu" and b["present"] and b.get("backward") and
+                ("bf16" if bf16 else "f32") in b["dtypes"] and
                 b["name"] not in ("ref", "cpu.portable")):
             arms[b["name"]] = c_arm(b["name"], b["name"].encode())
 

@@ -215,7 +215,13 @@ static int claims(const char *backend, const bcase *bc, char *why, size_t n)
  * rounding of scores near 100, as in the forward's grid. */
 static double tolerance(const tl_case *c, int product_bits)
 {
-    double tol = 1e-5 + tl_product_tolerance(product_bits);
+    /* bf16 products: four times the forward's allowance. A gradient is a
+     * sum whose terms cancel (each row's dS sums to about zero; dV adds
+     * P dO of either sign), so the terms' rounding is relative to the
+     * terms, not to the sum: D = 1 cases reached 1.3e-2 of max |ref grad|
+     * (seeds of 2026-12-06), where 2^-7 had been allowed; torch's own bf16
+     * backward is 1.0-1.5e-2 from float64 on the peers' rows */
+    double tol = 1e-5 + 4.0 * tl_product_tolerance(product_bits);
     if (c->out_dtype == SDPA_F16)
         tol += 2e-3;
     else if (c->out_dtype == SDPA_BF16)
