@@ -56,6 +56,11 @@
 #endif
 
 #define BQ (QV * VL)
+/* Query rows per task that share one copy of each f32 K/V block (the ISA
+ * file may set its own: tiled_run) */
+#ifndef TILED_F32_ROWS
+#define TILED_F32_ROWS 192
+#endif
 /* Keys per K/V block. Pair mode's micro-kernel runs half as many
  * reduction steps per key, so its blocks are twice as long to keep the
  * accumulator loads and stores of O^T as rare (flux1-joint bf16: 77% ->
@@ -555,8 +560,31 @@ static kv_tile load_kv(const sdpa_call *c, const workspace *w, const flash_task 
                            k->stride[1], v->stride[1]};
         return t;
     }
+#ifdef TILED_KV_AHEAD
+    /* Each row's source asked for TILED_KV_AHEAD rows before it is copied,
+     * so that several rows' misses are in flight: the copy otherwise waits
+     * on each row's first line in turn (one head's rows are Hkv D elements
+     * apart, a page or more with many heads; the copy was 11-17% of a long
+     * f32 row's profile on cpu.avx2, Zen 3). The prefetch a block ahead
+     * (flash_prefetch_kv) does not do it there: a copy of 128 rows asked
+     * for 70 us before took 7-13 us, one from L2 3 us, one from DRAM
+     * 17-24 us (the rows of 24 heads of 128, Zen 3). */
+    const int ahead = k->stride[3] == 1 && v->stride[3] == 1;
+    const int64_t kb_bytes = D * sdpa__elem_bytes(k->dtype), vb_bytes = D * sdpa__elem_bytes(v->dtype);
+#endif
     for (int j = 0; j < bk; j++) {
         const int64_t kj = flash_key(keys, p0 + j);
+#ifdef TILED_KV_AHEAD
+        if (ahead && j + TILED_KV_AHEAD < bk) {
+            const int64_t kn = flash_key(keys, p0 + j + TILED_KV_AHEAD);
+            const char *kr = (const char *)sdpa__elem(k, sdpa__offset(k, tk->b, kn, tk->hk, 0));
+            const char *vr = (const char *)sdpa__elem(v, sdpa__offset(v, tk->b, kn, tk->hk, 0));
+            for (int64_t o = 0; o < kb_bytes; o += 64)
+                __builtin_prefetch(kr + o, 0, 3);
+            for (int64_t o = 0; o < vb_bytes; o += 64)
+                __builtin_prefetch(vr + o, 0, 3);
+        }
+#endif
         sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk->b, kj, tk->hk, 0)), k->dtype,
                        k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
         sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk->b, kj, tk->hk, 0)), v->dtype,
@@ -822,7 +850,9 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
      * bench/results/2026-12-05-avx2-f32-rows-per-kv-ab-zen4.txt). The
      * resident Q^T and O^T are then as many bytes as cpu.avx512's: 192 KB at
      * D 128, inside a Zen 2/3 core's 512 KB L2 with a 128 KB K/V block. */
-    const int f32_blocks = (192 + BQ - 1) / BQ;
+    /* (cpu.avx2 sets TILED_F32_ROWS to 288 for a 512 KB L2: Q^T and O^T
+     * 288 KB at D 128, with the 128 KB K/V block.) */
+    const int f32_blocks = (TILED_F32_ROWS + BQ - 1) / BQ;
     job jb = {c,
               flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
                                is_short ? 64 : c->k->dtype == SDPA_F32 ? f32_blocks : 8,
