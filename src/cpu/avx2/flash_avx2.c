@@ -16,7 +16,7 @@
 /* Zen 3 (512 KB of L2 per core, f32 rows): 288 query rows per copy of a
  * K/V block (12 blocks of 24; Q^T and O^T 288 KB at D 128), each K/V row's
  * source asked for 3 rows ahead of its copy (flash_tiled.h's load_kv):
- * long diffusion rows 0.83-0.96x the time of 192 rows and no prefetch in
+ * long diffusion rows 0.88-0.95x the time of 192 rows and no prefetch in
  * the copy, bench/results/2026-12-07-avx2-kv-copy-ab-zen3.txt. Not tried
  * on cpu.avx512 yet: it keeps 192 rows and the plain copy. */
 #define TILED_F32_ROWS 288
