@@ -568,7 +568,9 @@ static kv_tile load_kv(const sdpa_call *c, const workspace *w, const flash_task 
      * f32 row's profile on cpu.avx2, Zen 3). The prefetch a block ahead
      * (flash_prefetch_kv) does not do it there: a copy of 128 rows asked
      * for 70 us before took 7-13 us, one from L2 3 us, one from DRAM
-     * 17-24 us (the rows of 24 heads of 128, Zen 3). */
+     * 17-24 us (the rows of 24 heads of 128, Zen 3; a throwaway probe, not
+     * in the tree: bench/results/2026-12-07-avx2-kv-copy-ab-zen3.txt is the
+     * measured effect). */
     const int ahead = k->stride[3] == 1 && v->stride[3] == 1;
     const int64_t kb_bytes = D * sdpa__elem_bytes(k->dtype), vb_bytes = D * sdpa__elem_bytes(v->dtype);
 #endif
