@@ -28,6 +28,9 @@
  * queries) the rows go side by side instead (decode_block_rows): K's block
  * is transposed once (in registers), s_r = sum_d q_r[d] k[d] for all rows,
  * and each V vector meets every row's weight before the next is loaded.
+ * With 8 lanes (AVX2) they run as a small GEMM (decode_block_gemm): up to
+ * 4 rows against 2 keys with D on the lanes, then O += P V with a block of
+ * O in registers.
  *
  * Such a step reads every key once and is bound by memory. In BSHD one
  * head's consecutive keys are a row of all heads apart (4-32 KB), a page
@@ -67,9 +70,18 @@
 #define DECODE_KEYS_ONE 64  /* the same with one row per KV head (see decode_run) */
 #define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
 /* Rows of one KV head share one pass (decode_block_rows) with 16 lanes;
- * with 8 (AVX2) the row-by-row path was as fast or faster: 1.0-1.3x on
+ * with 8 (AVX2) that way was no faster than row by row: 1.0-1.3x on
  * grouped-query rows, bench/results/2026-12-03-decode-shared-ab-spr.txt */
 #define DECODE_SHARED (VL >= 16)
+/* With 8 lanes and a vocabulary that folds lane sums (AVX2), the rows of
+ * a KV head share their reads as a small GEMM instead (decode_block_gemm);
+ * row by row remains for cpu.portable and NEON. */
+#if !DECODE_SHARED && VL == 8 && defined(V_PAIR_SUMS)
+#define DECODE_GEMM 1
+#else
+#define DECODE_GEMM 0
+#endif
+#define DECODE_GEMM_ROWS 4 /* rows per register block of decode_block_gemm */
 #ifndef V_UNROLL_WHOLE /* the vocabulary's hint for the rows' product loops */
 #define V_UNROLL_WHOLE
 #endif
@@ -356,6 +368,29 @@ decode_softmax_rows(const decode_job *jb, int64_t b, int64_t hk, const int nr, i
     return together;
 }
 
+/* O += P V row by row, each over the lanes its mask and limit leave it
+ * (decode_pv_row): the rows of a block that do not all weigh every key. */
+static inline __attribute__((always_inline)) void
+decode_pv_rows_alone(const decode_job *jb, const int nr, int64_t j0, const int64_t *limit,
+                     float (*p)[VL], const unsigned *weighed, const void *const *vrow, float *o,
+                     const int kv)
+{
+    for (int r = 0; r < nr; r++)
+        if (weighed[r])
+            decode_pv_row(jb, o + r * jb->Dp, p[r], weighed[r],
+                          limit[r] - j0 < VL ? (int)(limit[r] - j0) : VL, vrow, kv);
+}
+
+/* Every line of VL rows of `bytes` each, into L1 (rows: NULL, none). */
+static inline void decode_prefetch_block(const void *const *rows, int64_t bytes)
+{
+    if (!rows)
+        return;
+    for (int j = 0; j < VL; j++)
+        for (int64_t x = 0; x < bytes; x += 64)
+            __builtin_prefetch((const char *)rows[j] + x, 0, 3);
+}
+
 /* Step st of a block's products asks for `per` of the rows in `pf` (VL
  * rows of `bytes` each, NULL: none), whole rows in memory order, so that
  * a block's rows have all been asked for when its last step ends (per:
@@ -446,10 +481,7 @@ V_UNROLL_WHOLE
     const int together =
         decode_softmax_rows(jb, b, hk, nr, j0, limit, acc, o, m, l, p, weighed, 0);
     if (!together) {
-        for (int r = 0; r < nr; r++)
-            if (weighed[r])
-                decode_pv_row(jb, o + r * Dp, p[r], weighed[r],
-                              limit[r] - j0 < VL ? (int)(limit[r] - j0) : VL, vrow, kv);
+        decode_pv_rows_alone(jb, nr, j0, limit, p, weighed, vrow, o, kv);
         return;
     }
     int64_t dd = 0;
@@ -477,6 +509,157 @@ V_UNROLL_WHOLE
             V_STORE(o + r * Dp + dd, out[r]);
     }
 }
+
+#if DECODE_GEMM
+/* Scores of R rows (q, Dp apart) against VL = 8 keys, D on the lanes:
+ * two keys at a time, each K vector meeting every row's q vector (R x 2
+ * accumulators, 2 + R loads per 2R multiply-adds), each pair folded as it
+ * ends, the four folded pairs summed into s[r] (lane j: key j). */
+static inline __attribute__((always_inline)) void
+decode_gemm_scores(const float *q, int64_t Dp, int64_t D, const int R, const void *const *krow,
+                   vec *s, const int kv)
+{
+    vec h[DECODE_GEMM_ROWS][VL / 2];
+    for (int pr = 0; pr < VL / 2; pr++) {
+        const void *k0 = krow[2 * pr], *k1 = krow[2 * pr + 1];
+        vec a0[DECODE_GEMM_ROWS], a1[DECODE_GEMM_ROWS];
+        for (int r = 0; r < R; r++)
+            a0[r] = V_ZERO(), a1[r] = V_ZERO();
+        int64_t d = 0;
+        for (; d + VL <= D; d += VL) {
+            const vec kv0 = KV_LOAD(k0, d, kv), kv1 = KV_LOAD(k1, d, kv);
+            for (int r = 0; r < R; r++) {
+                /* in a register: GCC otherwise folded the load into both
+                 * multiply-adds, 2R + 2 loads instead of R + 2 (0.87x the
+                 * time of a one-query grouped-query step, Zen 3) */
+                vec qv = V_LOAD(q + r * Dp + d);
+                V_IN_REGISTER(qv);
+                a0[r] = V_FMA(qv, kv0, a0[r]), a1[r] = V_FMA(qv, kv1, a1[r]);
+            }
+        }
+        if (d < D) { /* q too as a part: past D its workspace row holds anything */
+            const int n = (int)(D - d);
+            const vec kv0 = KV_LOAD_PART(k0, d, n, kv), kv1 = KV_LOAD_PART(k1, d, n, kv);
+            for (int r = 0; r < R; r++) {
+                const vec qv = V_LOAD_PART(q + r * Dp + d, n);
+                a0[r] = V_FMA(qv, kv0, a0[r]), a1[r] = V_FMA(qv, kv1, a1[r]);
+            }
+        }
+        for (int r = 0; r < R; r++)
+            h[r][pr] = V_PAIR_SUMS(a0[r], a1[r]);
+    }
+    for (int r = 0; r < R; r++)
+        s[r] = V_SUMS_OF_PAIRS(h[r][0], h[r][1], h[r][2], h[r][3]);
+}
+
+/* O += P V for R rows (o and p: row r at o + r * Dp, p[r]), every row
+ * weighing all VL keys: R x C vectors of O in registers, each V vector
+ * meeting every row's weight. */
+#define DECODE_GEMM_COLS 3
+static inline __attribute__((always_inline)) void
+decode_gemm_pv_cols(float *o, int64_t Dp, int64_t dd, const int R, const int C,
+                    const float (*p)[VL], const void *const *vrow, const int kv)
+{
+    vec acc[DECODE_GEMM_ROWS][DECODE_GEMM_COLS];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            acc[r][c] = V_LOAD(o + r * Dp + dd + c * VL);
+    for (int j = 0; j < VL; j++) {
+        vec v[DECODE_GEMM_COLS];
+        for (int c = 0; c < C; c++)
+            v[c] = KV_LOAD(vrow[j], dd + c * VL, kv);
+        for (int r = 0; r < R; r++) {
+            const vec pb = V_SET1(p[r][j]);
+            for (int c = 0; c < C; c++)
+                acc[r][c] = V_FMA(pb, v[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++)
+            V_STORE(o + r * Dp + dd + c * VL, acc[r][c]);
+}
+
+static inline __attribute__((always_inline)) void
+decode_gemm_pv(float *o, int64_t Dp, int64_t D, const int R, const float (*p)[VL],
+               const void *const *vrow, const int kv)
+{
+    int64_t dd = 0;
+    for (; dd + DECODE_GEMM_COLS * VL <= D; dd += DECODE_GEMM_COLS * VL)
+        decode_gemm_pv_cols(o, Dp, dd, R, DECODE_GEMM_COLS, p, vrow, kv);
+    for (; dd + VL <= D; dd += VL)
+        decode_gemm_pv_cols(o, Dp, dd, R, 1, p, vrow, kv);
+    if (dd < D) { /* O's workspace row is Dp long and zero past D: V's part loads keep it so */
+        const int n = (int)(D - dd);
+        vec acc[DECODE_GEMM_ROWS];
+        for (int r = 0; r < R; r++)
+            acc[r] = V_LOAD(o + r * Dp + dd);
+        for (int j = 0; j < VL; j++) {
+            const vec vv = KV_LOAD_PART(vrow[j], dd, n, kv);
+            for (int r = 0; r < R; r++)
+                acc[r] = V_FMA(V_SET1(p[r][j]), vv, acc[r]);
+        }
+        for (int r = 0; r < R; r++)
+            V_STORE(o + r * Dp + dd, acc[r]);
+    }
+}
+
+/* fn(r0, R) for the register blocks of nr rows, R a constant at each call */
+#define DECODE_GEMM_BLOCKS(nr, fn)                                                           \
+    for (int r0 = 0; r0 < (nr); r0 += DECODE_GEMM_ROWS) {                                    \
+        if ((nr) - r0 >= 4)                                                                  \
+            fn(r0, 4);                                                                       \
+        else if ((nr) - r0 == 3)                                                             \
+            fn(r0, 3);                                                                       \
+        else if ((nr) - r0 == 2)                                                             \
+            fn(r0, 2);                                                                       \
+        else                                                                                 \
+            fn(r0, 1);                                                                       \
+    }
+
+/*
+ * All rows of one KV head (2 to DECODE_ROWS of them) against one block of
+ * VL keys as a small GEMM, K and V read in place, for 8-lane vocabularies
+ * that fold lane sums (AVX2): S = Q K^T with D on the lanes
+ * (decode_gemm_scores: no transpose of K; each key's sums folded by
+ * HADDs), the online softmax as decode_block_rows's, then O += P V with
+ * a block of O in registers (decode_gemm_pv). Up to 4 rows share each K
+ * and V load. decode_block_rows's way (K transposed, every product a
+ * broadcast q element) was not faster with 8 lanes on a Zen 3 (1.02-1.15x
+ * the time of row by row on one-query grouped-query steps), and row by row
+ * ran P V as one chain of 8 dependent multiply-adds per O vector.
+ * Prefetches as decode_block_rows's (K and V 2-8 head blocks ahead
+ * instead were 1.05-1.12x slower on a Zen 3). Against row by row on a
+ * Zen 3: 2-8 rows per KV head 0.66-1.10x the time in f32 (8:1 one-query
+ * step against 8192 keys 0.90x), 0.65-0.82x in bf16 (K and V now read in
+ * place), bench/results/2026-12-07-decode-gemm-ab-zen3.txt.
+ */
+static inline __attribute__((always_inline)) void
+decode_block_gemm(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
+                  const int64_t *limit, const float *q, const void *const *krow,
+                  const void *const *vrow, const void *const *vpf, const void *const *kpf,
+                  float *o, float *m, float *l, const int kv)
+{
+    const int64_t D = jb->c->desc.D, Dp = jb->Dp;
+    vec acc[DECODE_ROWS];
+    decode_prefetch_block(vpf, jb->v_bytes); /* this block's V rows, read after the softmax */
+#define GEMM_S(r0, R) decode_gemm_scores(q + (r0) * Dp, Dp, D, (R), krow, acc + (r0), kv)
+    DECODE_GEMM_BLOCKS(nr, GEMM_S)
+#undef GEMM_S
+    float p[DECODE_ROWS][VL];
+    unsigned weighed[DECODE_ROWS];
+    const int together =
+        decode_softmax_rows(jb, b, hk, nr, j0, limit, acc, o, m, l, p, weighed, 0);
+    decode_prefetch_block(kpf, jb->k_bytes); /* the K rows of the head block read next */
+    if (!together) {
+        decode_pv_rows_alone(jb, nr, j0, limit, p, weighed, vrow, o, kv);
+        return;
+    }
+#define GEMM_PV(r0, R)                                                                       \
+    decode_gemm_pv(o + (r0) * Dp, Dp, D, (R), (const float(*)[VL])p[r0], vrow, kv)
+    DECODE_GEMM_BLOCKS(nr, GEMM_PV)
+#undef GEMM_PV
+}
+#endif
 
 #ifdef DECODE_PAIRS
 /*
@@ -531,7 +714,12 @@ V_UNROLL_WHOLE /* else GCC zeroes the array by REP STOSQ at every block */
  * 21-28 bodies made decode_task one function so large that compiling a
  * kernel's file took minutes under the sanitizers. A call per block of
  * 16 keys costs nothing measurable. */
-#if DECODE_SHARED
+#if DECODE_SHARED || DECODE_GEMM
+#if DECODE_GEMM
+#define DECODE_BLOCK_BODY decode_block_gemm /* 8 lanes: the rows as a small GEMM */
+#else
+#define DECODE_BLOCK_BODY decode_block_rows
+#endif
 typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_t j0,
                              const int64_t *limit, const float *q, const void *const *krow,
                              const void *const *vrow, const void *const *vpf,
@@ -542,7 +730,7 @@ typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_
         const float *q, const void *const *krow, const void *const *vrow,                    \
         const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
     {                                                                                        \
-        decode_block_rows(jb, b, hk, n, j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind);  \
+        DECODE_BLOCK_BODY(jb, b, hk, n, j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind);  \
     }
 #ifdef DECODE_PAIRS
 #define DECODE_PAIRS_FN(n)                                                                   \
@@ -600,6 +788,7 @@ static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
 #undef ROWS_CASE
     return NULL;
 }
+#undef DECODE_BLOCK_BODY
 #endif
 
 /* The rows of KV heads [hk0, hk1) of batch b against keys [k0, kmax), VL
@@ -625,8 +814,8 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
      * is then D elements of memory); this block's V rows are vrow itself
      * (converted rows were read by their conversion: only K's next ones) */
     const void *kpf[VL];
-    const int fetch = DECODE_SHARED && nr > 1 && unit;
-#if DECODE_SHARED
+    const int fetch = (DECODE_SHARED || DECODE_GEMM) && nr > 1 && unit;
+#if DECODE_SHARED || DECODE_GEMM
     decode_block_fn *const block = nr > 1 ? decode_block_for(nr, kv, jb->pairs) : NULL;
 #endif
     for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
@@ -650,7 +839,7 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
                     krow[j] = krow[0], vrow[j] = vrow[0];
             }
             const int sl0 = (int)(hk - hk0) * nr;
-#if DECODE_SHARED
+#if DECODE_SHARED || DECODE_GEMM
             if (block) { /* 2-8 rows side by side */
                 block(jb, b, hk, j0, limit, q + sl0 * Dp, krow, vrow,
                       fetch && in_place_rows ? vrow : NULL, fetch && nn > 0 ? kpf : NULL,
@@ -716,11 +905,14 @@ static void decode_task(void *arg, int64_t task, int worker)
     /* bf16 and f16 K and V with unit stride are read where they are when
      * each element is widened once: one row per KV head, or the rows side
      * by side (a conversion pass into the workspace and back made bf16
-     * steps against 256-8192 keys 1.3-1.6x slower); row by row, 2-8 rows
-     * would widen each element 2-8 times (AVX2: 1.2-1.3x slower than
-     * converting once), so the rows are converted (decode_f32_row) */
+     * steps against 256-8192 keys 1.3-1.6x slower), or in decode_block_gemm's
+     * blocks of 4 rows (each element widened once per block: one-query
+     * bf16 steps with 8 rows per KV head 0.71-0.88x the time of converting
+     * each row first, Zen 3); row by row, 2-8 rows would widen each
+     * element 2-8 times (AVX2: 1.2-1.3x slower than converting once), so
+     * there the rows are converted (decode_f32_row) */
     const int in_place = c->k->dtype == c->v->dtype && c->k->stride[3] == 1 &&
-                         c->v->stride[3] == 1 && (DECODE_SHARED || nr == 1);
+                         c->v->stride[3] == 1 && (DECODE_SHARED || DECODE_GEMM || nr == 1);
     if (in_place && c->k->dtype == SDPA_BF16)
         decode_keys(jb, b, hk0, hk1, k0, kmax, limit, q, o, m, l, kst, KV_BF16);
     else if (in_place && c->k->dtype == SDPA_F16)

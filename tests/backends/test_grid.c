@@ -422,14 +422,16 @@ static void grid(const char *backend)
         c = mk(2, 4, 333, 8, 8, 64);
         c.values = TL_PEAKED, c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         check_case(backend, &c);
-        /* f32 and bf16 with 2-8 rows per KV head, each count (the shared
+        /* every dtype with 2-8 rows per KV head, each count (the shared
          * pass of every AVX-512 build; cpu.avx512bf16's pair products in
-         * bf16), key blocks with a tail, head dims whose last vector or
+         * bf16; cpu.avx2's small GEMM, blocks of 4 rows and the 1-3 left
+         * over, f16 and bf16 K and V read in place), key blocks with a
+         * tail, head dims whose last vector or
          * pair step is partial (33, 100, 102, 72, 8, 47), read from rows
          * with NaN after them (never read: 0 x NaN); causal with two
          * queries, so that rows see different keys of a block */
         for (int nr = 2; nr <= 8; nr++)
-            for (int in = 0; in < SDPA_DTYPE_COUNT; in += 2) { /* f32, bf16 */
+            for (int in = 0; in < SDPA_DTYPE_COUNT; in++) { /* f32, f16, bf16 */
                 static const int64_t head_dims[] = {33, 100, 102, 72, 8, 256, 47};
                 const int sq = nr % 2 == 0 && nr > 2 ? 2 : 1;
                 c = mk(1, sq, 100 + 37 * nr, 2 * nr / sq, 2, head_dims[nr - 2]);

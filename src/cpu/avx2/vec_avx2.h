@@ -43,6 +43,16 @@ typedef __m256 vec;
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_halves_part((p), (n))), 16))
 #define V_LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define V_LOAD_F16_PART(p, n) _mm256_cvtph_ps(load_halves_part((p), (n)))
+/* The lane sums of 8 vectors a0..a7 as one vector (lane j: the sum of
+ * a_j's lanes), folded as they come: V_PAIR_SUMS(a_2i, a_2i+1) = h_i, then
+ * V_SUMS_OF_PAIRS(h0, h1, h2, h3). flash_decode.h's row blocks (dot
+ * products with D on the lanes) reduce 8 keys' sums this way: 6 HADDs, 2
+ * lane permutes and an add for 8 sums, where a transpose took 24 shuffles. */
+#define V_PAIR_SUMS(a, b) _mm256_hadd_ps((a), (b))
+/* x held in a register from here: the compiler may not fold its load into
+ * each instruction that reads it (flash_decode.h's scores) */
+#define V_IN_REGISTER(x) __asm__("" : "+x"(x))
+#define V_SUMS_OF_PAIRS(h0, h1, h2, h3) sums_of_pairs8((h0), (h1), (h2), (h3))
 
 static inline __m256i part_mask(int n)
 {
@@ -98,6 +108,15 @@ static inline __m256 exp256(__m256 x)
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
                                                          _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* h0..h3 from V_PAIR_SUMS: lanes 0-3 of hadd(h0, h1) hold keys 0-3's sums
+ * over lanes 0-3 of a_j, lanes 4-7 over lanes 4-7; hadd(h2, h3) keys 4-7. */
+static inline __m256 sums_of_pairs8(__m256 h0, __m256 h1, __m256 h2, __m256 h3)
+{
+    const __m256 k0123 = _mm256_hadd_ps(h0, h1), k4567 = _mm256_hadd_ps(h2, h3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(k0123, k4567, 0x20),
+                         _mm256_permute2f128_ps(k0123, k4567, 0x31));
 }
 
 /* r[j] = column j of the 8 x 8 block of floats whose rows r[i] held. */
