@@ -46,7 +46,9 @@
  * with 8 heads) this path was 1.1-2.8x the tiled one against 1024-8192
  * keys, f32 and bf16, and 0.8-1.0x against 256 (sdpa bench, Sapphire
  * Rapids VM, the two builds run in turn); with 4 the limit before, such
- * calls packed K and V for one query per head.
+ * calls packed K and V for one query per head. With 8 lanes the small
+ * GEMM (decode_block_gemm) pays no transpose per row and takes up to 12
+ * rows, 16 with one KV head (decode_applies).
  *
  * Tasks are (batch, group of KV heads, chunk of keys). When a call has
  * fewer than DECODE_TASKS (batch, group) pieces and many keys, its keys
@@ -64,11 +66,6 @@
 #ifndef SDPA_FLASH_DECODE_H
 #define SDPA_FLASH_DECODE_H
 
-#define DECODE_ROWS 8       /* query rows per KV head up to which this path runs */
-#define DECODE_TASKS 16     /* fewer pieces than this: cut the keys too          */
-#define DECODE_KEYS 256     /* at least this many keys per key chunk             */
-#define DECODE_KEYS_ONE 64  /* the same with one row per KV head (see decode_run) */
-#define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
 /* Rows of one KV head share one pass (decode_block_rows) with 16 lanes;
  * with 8 (AVX2) that way was no faster than row by row: 1.0-1.3x on
  * grouped-query rows, bench/results/2026-12-03-decode-shared-ab-spr.txt */
@@ -82,6 +79,13 @@
 #define DECODE_GEMM 0
 #endif
 #define DECODE_GEMM_ROWS 4 /* rows per register block of decode_block_gemm */
+
+/* query rows per KV head up to which this path runs (see "Why" above) */
+#define DECODE_ROWS (DECODE_GEMM ? 16 : 8)
+#define DECODE_TASKS 16     /* fewer pieces than this: cut the keys too          */
+#define DECODE_KEYS 256     /* at least this many keys per key chunk             */
+#define DECODE_KEYS_ONE 64  /* the same with one row per KV head (see decode_run) */
+#define DECODE_SLOTS 32     /* rows (of one or more KV heads) per task, at most   */
 #ifndef V_UNROLL_WHOLE /* the vocabulary's hint for the rows' product loops */
 #define V_UNROLL_WHOLE
 #endif
@@ -108,8 +112,13 @@ typedef struct decode_job {
 static int decode_applies(const sdpa_call *c)
 {
     /* windows and block maps are flash_sparse.h's, whatever the rows */
-    return c->desc.Hq / c->desc.Hkv * c->desc.Sq <= DECODE_ROWS &&
-           !(c->mask && (c->mask->window || c->mask->blocks));
+    const int64_t rows = c->desc.Hq / c->desc.Hkv * c->desc.Sq;
+    /* decode_block_gemm: up to 12 rows, 16 with one KV head. Against the
+     * tiled path on a Zen 3, 9 rows took 0.69-0.75x the time, 16 rows of
+     * one KV head 0.64-0.72x, but 12-16 rows of several KV heads
+     * 0.96-1.34x (bench/results/2026-12-07-decode-gemm-rows16-ab-zen3.txt) */
+    const int64_t most = DECODE_GEMM && c->desc.Hkv > 1 ? 12 : DECODE_ROWS;
+    return rows <= most && !(c->mask && (c->mask->window || c->mask->blocks));
 }
 
 /* Row r of a KV head's rows: query head and query. */
@@ -755,11 +764,21 @@ DECODE_FNS(5)
 DECODE_FNS(6)
 DECODE_FNS(7)
 DECODE_FNS(8)
+#if DECODE_GEMM /* up to 16 rows */
+DECODE_FNS(9)
+DECODE_FNS(10)
+DECODE_FNS(11)
+DECODE_FNS(12)
+DECODE_FNS(13)
+DECODE_FNS(14)
+DECODE_FNS(15)
+DECODE_FNS(16)
+#endif
 #undef DECODE_FNS
 #undef DECODE_PAIRS_FN
 #undef DECODE_BLOCK_FN
 
-/* The function for nr rows (2-8) of a kind (kv), or pair products. */
+/* The function for nr rows (2 to DECODE_ROWS) of a kind (kv), or pair products. */
 static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
 {
 #ifdef DECODE_PAIRS
@@ -784,6 +803,16 @@ static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
         ROWS_CASE(6)
         ROWS_CASE(7)
         ROWS_CASE(8)
+#if DECODE_GEMM
+        ROWS_CASE(9)
+        ROWS_CASE(10)
+        ROWS_CASE(11)
+        ROWS_CASE(12)
+        ROWS_CASE(13)
+        ROWS_CASE(14)
+        ROWS_CASE(15)
+        ROWS_CASE(16)
+#endif
     }
 #undef ROWS_CASE
     return NULL;
@@ -840,7 +869,7 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
             }
             const int sl0 = (int)(hk - hk0) * nr;
 #if DECODE_SHARED || DECODE_GEMM
-            if (block) { /* 2-8 rows side by side */
+            if (block) { /* 2 to DECODE_ROWS rows sharing each read */
                 block(jb, b, hk, j0, limit, q + sl0 * Dp, krow, vrow,
                       fetch && in_place_rows ? vrow : NULL, fetch && nn > 0 ? kpf : NULL,
                       o + sl0 * Dp, m + sl0, l + sl0);

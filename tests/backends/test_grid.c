@@ -422,17 +422,19 @@ static void grid(const char *backend)
         c = mk(2, 4, 333, 8, 8, 64);
         c.values = TL_PEAKED, c.causal = SDPA_CAUSAL_BOTTOM_RIGHT;
         check_case(backend, &c);
-        /* every dtype with 2-8 rows per KV head, each count (the shared
-         * pass of every AVX-512 build; cpu.avx512bf16's pair products in
-         * bf16; cpu.avx2's small GEMM, blocks of 4 rows and the 1-3 left
-         * over, f16 and bf16 K and V read in place), key blocks with a
-         * tail, head dims whose last vector or
-         * pair step is partial (33, 100, 102, 72, 8, 47), read from rows
-         * with NaN after them (never read: 0 x NaN); causal with two
-         * queries, so that rows see different keys of a block */
-        for (int nr = 2; nr <= 8; nr++)
+        /* every dtype with 2-16 rows per KV head, each count (2-8: the
+         * shared pass of every AVX-512 build, cpu.avx512bf16's pair
+         * products in bf16; 2-12: cpu.avx2's small GEMM, blocks of 4
+         * rows and the 1-3 left over, f16 and bf16 K and V read in place;
+         * the rest the tiled path), key blocks with a
+         * tail, head dims whose last vector or pair step is partial (33,
+         * 100, 102, 72, 8, 47, 99, 124), read from rows with NaN after
+         * them (never read: 0 x NaN); causal with two queries, so that
+         * rows see different keys of a block */
+        for (int nr = 2; nr <= 16; nr++)
             for (int in = 0; in < SDPA_DTYPE_COUNT; in++) { /* f32, f16, bf16 */
-                static const int64_t head_dims[] = {33, 100, 102, 72, 8, 256, 47};
+                static const int64_t head_dims[] = {33, 100, 102, 72, 8,  256, 47, 64,
+                                                    40, 99,  128, 24, 100, 64, 124};
                 const int sq = nr % 2 == 0 && nr > 2 ? 2 : 1;
                 c = mk(1, sq, 100 + 37 * nr, 2 * nr / sq, 2, head_dims[nr - 2]);
                 c.dtype = (sdpa_dtype)in, c.out_dtype = nr % 2 ? SDPA_F32 : SDPA_BF16;
@@ -441,6 +443,14 @@ static void grid(const char *backend)
                 c.layout = TL_STRIDED_NAN;
                 check_case(backend, &c);
             }
+        /* 13-16 rows of one KV head (cpu.avx2's small GEMM takes them) */
+        for (int nr = 13; nr <= 16; nr++) {
+            c = mk(1, nr % 2 ? 1 : 2, 150 + nr, nr % 2 ? nr : nr / 2, 1, nr % 2 ? 100 : 64);
+            c.dtype = (sdpa_dtype)(nr % SDPA_DTYPE_COUNT);
+            c.causal = nr % 2 ? SDPA_CAUSAL_NONE : SDPA_CAUSAL_TOP_LEFT;
+            c.layout = (tl_layout)(nr % 4);
+            check_case(backend, &c);
+        }
         nonfinite_cases(backend, mk(1, 2, 600, 4, 2, 64));
         /* one row per KV head, bf16 and f16 K and V read in place, a head
          * dim whose last part is 2 elements for 4, 8 and 16 lanes (the
