@@ -624,6 +624,7 @@ for shape in ("1,512,512,4,4,128", "2,300,77,8,2,64"):
 spr = ["--platform", "cpu:vendor=intel,features=avx2+avx512+avx512bf16+avx512fp16+amx-bf16"]
 emr = ["--platform", "cpu:vendor=intel,features=avx2+avx512+avx512bf16+avx512fp16"]
 zen4 = ["--platform", "cpu:vendor=amd,features=avx2+avx512+avx512bf16"]
+zen3 = ["--platform", "cpu:vendor=amd,family=25,features=avx2"]
 for plat, args, rule, first in (
         (spr, ("--shape", "1,4096,4096,24,24,128", "--dtype", "bf16"), "cpu-amx-bf16", "cpu.amx"),
         (spr, ("--shape", "2,4096,77,10,10,64", "--dtype", "bf16"), "cpu-amx-bf16", "cpu.amx"),
@@ -639,7 +640,9 @@ for plat, args, rule, first in (
         (spr, ("--shape", "1,1,512,16,16,128", "--dtype", "bf16"), "cpu-amx-bf16-decode",
          "cpu.avx512"),
         (emr, ("--shape", "1,1,1,8,8,64"), "cpu-tiny-intel", "cpu.avx2"),
-        (zen4, ("--shape", "1,1,1,8,8,64"), "cpu-tiny", "cpu.blas"),
+        (zen4, ("--shape", "1,1,1,8,8,64"), "cpu-tiny-amd-avx512", "cpu.blas"),
+        (zen3, ("--shape", "1,1,1,8,8,64"), "cpu-tiny", "cpu.avx2"),
+        (zen3, ("--shape", "1,1,1,1,1,32"), "cpu-tiny", "cpu.avx2"),
         (spr, ("--shape", "1,4096,4096,24,24,128", "--dtype", "f16"), "cpu-default", "cpu.avx512"),
         (spr, ("--shape", "1,4096,4096,24,24,128"), "cpu-default", "cpu.avx512"),
         (emr, ("--shape", "1,4096,4096,24,24,128", "--dtype", "bf16"), "cpu-intel-bf16",
