@@ -539,8 +539,9 @@ decode_gemm_scores(const float *q, int64_t Dp, int64_t D, const int R, const voi
             const vec kv0 = KV_LOAD(k0, d, kv), kv1 = KV_LOAD(k1, d, kv);
             for (int r = 0; r < R; r++) {
                 /* in a register: GCC otherwise folded the load into both
-                 * multiply-adds, 2R + 2 loads instead of R + 2 (0.87x the
-                 * time of a one-query grouped-query step, Zen 3) */
+                 * multiply-adds, 2R + 2 loads instead of R + 2 (kept in a
+                 * register: 0.73-0.97x the time of one-query grouped-query
+                 * steps on a Zen 3; an A/B not committed) */
                 vec qv = V_LOAD(q + r * Dp + d);
                 V_IN_REGISTER(qv);
                 a0[r] = V_FMA(qv, kv0, a0[r]), a1[r] = V_FMA(qv, kv1, a1[r]);
@@ -633,11 +634,15 @@ decode_gemm_pv(float *o, int64_t Dp, int64_t D, const int R, const float (*p)[VL
  * HADDs), the online softmax as decode_block_rows's, then O += P V with
  * a block of O in registers (decode_gemm_pv). Up to 4 rows share each K
  * and V load. decode_block_rows's way (K transposed, every product a
- * broadcast q element) was not faster with 8 lanes on a Zen 3 (1.02-1.15x
+ * broadcast q element) was not faster with 8 lanes on a Zen 3 (0.94-1.15x
  * the time of row by row on one-query grouped-query steps), and row by row
  * ran P V as one chain of 8 dependent multiply-adds per O vector.
- * Prefetches as decode_block_rows's (K and V 2-8 head blocks ahead
- * instead were 1.05-1.12x slower on a Zen 3). Against row by row on a
+ * Prefetches: the rows decode_block_rows asks for, each set at once (this
+ * block's V rows as it starts, the next head block's K rows after the
+ * softmax; without them a one-query 8:1 step took 1.29x the time); K and
+ * V 1-8 head blocks ahead instead, into L1 or L2, at once or spread over
+ * the score steps, were level or slower there: 0.94-1.22x (these A/Bs
+ * were not committed, nor the one above). Against row by row on a
  * Zen 3: 2-8 rows per KV head 0.66-1.10x the time in f32 (8:1 one-query
  * step against 8192 keys 0.90x), 0.65-0.82x in bf16 (K and V now read in
  * place), bench/results/2026-12-07-decode-gemm-ab-zen3.txt.
