@@ -116,7 +116,8 @@ static int decode_applies(const sdpa_call *c)
     /* decode_block_gemm: up to 12 rows, 16 with one KV head. Against the
      * tiled path on a Zen 3, 9 rows took 0.69-0.75x the time, 16 rows of
      * one KV head 0.64-0.72x, but 12-16 rows of several KV heads
-     * 0.96-1.34x (bench/results/2026-12-07-decode-gemm-rows16-ab-zen3.txt) */
+     * 0.89-1.34x, above 1.0 on 9 of 12 (f32 and bf16;
+     * bench/results/2026-12-07-decode-gemm-rows16-ab-zen3.txt) */
     const int64_t most = DECODE_GEMM && c->desc.Hkv > 1 ? 12 : DECODE_ROWS;
     return rows <= most && !(c->mask && (c->mask->window || c->mask->blocks));
 }
