@@ -730,22 +730,54 @@ V_UNROLL_WHOLE /* else GCC zeroes the array by REP STOSQ at every block */
  * kernel's file took minutes under the sanitizers. A call per block of
  * 16 keys costs nothing measurable. */
 #if DECODE_SHARED || DECODE_GEMM
-#if DECODE_GEMM
-#define DECODE_BLOCK_BODY decode_block_gemm /* 8 lanes: the rows as a small GEMM */
-#else
-#define DECODE_BLOCK_BODY decode_block_rows
-#endif
 typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_t j0,
                              const int64_t *limit, const float *q, const void *const *krow,
                              const void *const *vrow, const void *const *vpf,
                              const void *const *kpf, float *o, float *m, float *l);
+#if DECODE_GEMM
+/* Per kind, one function for 8 rows and one for 4 (grouped-query 8:1 and
+ * 4:1 decode steps), the count a constant; one for the other counts, read
+ * at run time (the register blocks have a constant count of rows either
+ * way). The constant 8 took 0.91-0.96x the time of the run-time count on
+ * one query against 256-8192 keys (Zen 3, an A/B not committed); one
+ * function per count from 2 to 16 took 30 s more to compile per build. */
+#define DECODE_GEMM_FN(name, n, kind)                                                        \
+    static __attribute__((noinline)) void decode_gemm_##name##_##kind(                       \
+        const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
+        const float *q, const void *const *krow, const void *const *vrow,                    \
+        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
+    {                                                                                        \
+        decode_block_gemm(jb, b, hk, (n), j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind); \
+    }
+#define DECODE_GEMM_FNS(name, n)                                                             \
+    DECODE_GEMM_FN(name, n, KV_F32) DECODE_GEMM_FN(name, n, KV_BF16)                         \
+    DECODE_GEMM_FN(name, n, KV_F16)
+DECODE_GEMM_FNS(4, 4)
+DECODE_GEMM_FNS(8, 8)
+DECODE_GEMM_FNS(any, (int)jb->rows)
+#undef DECODE_GEMM_FNS
+#undef DECODE_GEMM_FN
+
+/* The function for nr rows of a kind (kv). */
+static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
+{
+    (void)pairs;
+#define GEMM_KIND(name)                                                                      \
+    (kv == KV_BF16  ? decode_gemm_##name##_KV_BF16                                           \
+     : kv == KV_F16 ? decode_gemm_##name##_KV_F16                                            \
+                    : decode_gemm_##name##_KV_F32)
+    decode_block_fn *const fn = nr == 8 ? GEMM_KIND(8) : nr == 4 ? GEMM_KIND(4) : GEMM_KIND(any);
+#undef GEMM_KIND
+    return fn;
+}
+#else
 #define DECODE_BLOCK_FN(n, kind)                                                             \
     static __attribute__((noinline)) void decode_block_##n##_##kind(                         \
         const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
         const float *q, const void *const *krow, const void *const *vrow,                    \
         const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
     {                                                                                        \
-        DECODE_BLOCK_BODY(jb, b, hk, n, j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind);  \
+        decode_block_rows(jb, b, hk, n, j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind);  \
     }
 #ifdef DECODE_PAIRS
 #define DECODE_PAIRS_FN(n)                                                                   \
@@ -770,21 +802,11 @@ DECODE_FNS(5)
 DECODE_FNS(6)
 DECODE_FNS(7)
 DECODE_FNS(8)
-#if DECODE_GEMM /* up to 16 rows */
-DECODE_FNS(9)
-DECODE_FNS(10)
-DECODE_FNS(11)
-DECODE_FNS(12)
-DECODE_FNS(13)
-DECODE_FNS(14)
-DECODE_FNS(15)
-DECODE_FNS(16)
-#endif
 #undef DECODE_FNS
 #undef DECODE_PAIRS_FN
 #undef DECODE_BLOCK_FN
 
-/* The function for nr rows (2 to DECODE_ROWS) of a kind (kv), or pair products. */
+/* The function for nr rows (2-8) of a kind (kv), or pair products. */
 static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
 {
 #ifdef DECODE_PAIRS
@@ -809,21 +831,11 @@ static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
         ROWS_CASE(6)
         ROWS_CASE(7)
         ROWS_CASE(8)
-#if DECODE_GEMM
-        ROWS_CASE(9)
-        ROWS_CASE(10)
-        ROWS_CASE(11)
-        ROWS_CASE(12)
-        ROWS_CASE(13)
-        ROWS_CASE(14)
-        ROWS_CASE(15)
-        ROWS_CASE(16)
-#endif
     }
 #undef ROWS_CASE
     return NULL;
 }
-#undef DECODE_BLOCK_BODY
+#endif
 #endif
 
 /* The rows of KV heads [hk0, hk1) of batch b against keys [k0, kmax), VL
