@@ -614,11 +614,13 @@ decode_gemm_pv(float *o, int64_t Dp, int64_t D, const int R, const float (*p)[VL
     }
 }
 
-/* fn(r0, R) for the register blocks of nr rows, R a constant at each call */
+/* fn(r0, R) for the register blocks of nr rows, R a constant at each call
+ * (the remainders 3, 2, 1 below are those of blocks of 4) */
+_Static_assert(DECODE_GEMM_ROWS == 4, "DECODE_GEMM_BLOCKS lists the remainders of 4");
 #define DECODE_GEMM_BLOCKS(nr, fn)                                                           \
     for (int r0 = 0; r0 < (nr); r0 += DECODE_GEMM_ROWS) {                                    \
-        if ((nr) - r0 >= 4)                                                                  \
-            fn(r0, 4);                                                                       \
+        if ((nr) - r0 >= DECODE_GEMM_ROWS)                                                   \
+            fn(r0, DECODE_GEMM_ROWS);                                                        \
         else if ((nr) - r0 == 3)                                                             \
             fn(r0, 3);                                                                       \
         else if ((nr) - r0 == 2)                                                             \
