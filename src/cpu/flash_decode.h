@@ -391,21 +391,12 @@ decode_pv_rows_alone(const decode_job *jb, const int nr, int64_t j0, const int64
                           limit[r] - j0 < VL ? (int)(limit[r] - j0) : VL, vrow, kv);
 }
 
-/* Every line of VL rows of `bytes` each, into L1 (rows: NULL, none). */
-static inline void decode_prefetch_block(const void *const *rows, int64_t bytes)
-{
-    if (!rows)
-        return;
-    for (int j = 0; j < VL; j++)
-        for (int64_t x = 0; x < bytes; x += 64)
-            __builtin_prefetch((const char *)rows[j] + x, 0, 3);
-}
-
 /* Step st of a block's products asks for `per` of the rows in `pf` (VL
- * rows of `bytes` each, NULL: none), whole rows in memory order, so that
- * a block's rows have all been asked for when its last step ends (per:
- * decode_job.pf_rows, VL over the steps rounded up; a division here was
- * a tenth of the step's time). */
+ * rows of `bytes` each, NULL: none), whole rows in memory order, into L1,
+ * so that a block's rows have all been asked for when its last step ends
+ * (per: decode_job.pf_rows, VL over the steps rounded up; a division here
+ * was a tenth of the step's time). Step 0 of VL per step: all the rows at
+ * once (decode_block_gemm). */
 static inline __attribute__((always_inline)) void
 decode_prefetch(const void *const *pf, int64_t st, int per, int64_t bytes)
 {
@@ -658,7 +649,7 @@ decode_block_gemm(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
 {
     const int64_t D = jb->c->desc.D, Dp = jb->Dp;
     vec acc[DECODE_ROWS];
-    decode_prefetch_block(vpf, jb->v_bytes); /* this block's V rows, read after the softmax */
+    decode_prefetch(vpf, 0, VL, jb->v_bytes); /* this block's V rows, read after the softmax */
 #define GEMM_S(r0, R) decode_gemm_scores(q + (r0) * Dp, Dp, D, (R), krow, acc + (r0), kv)
     DECODE_GEMM_BLOCKS(nr, GEMM_S)
 #undef GEMM_S
@@ -666,7 +657,7 @@ decode_block_gemm(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
     unsigned weighed[DECODE_ROWS];
     const int together =
         decode_softmax_rows(jb, b, hk, nr, j0, limit, acc, o, m, l, p, weighed, 0);
-    decode_prefetch_block(kpf, jb->k_bytes); /* the K rows of the head block read next */
+    decode_prefetch(kpf, 0, VL, jb->k_bytes); /* the K rows of the head block read next */
     if (!together) {
         decode_pv_rows_alone(jb, nr, j0, limit, p, weighed, vrow, o, kv);
         return;
