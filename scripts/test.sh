@@ -36,6 +36,10 @@ cd "$(dirname "$0")/.."
 # The tests check the built-in rules, whatever wisdom this machine has
 # installed (sdpa tune --install); test_cli tests the lookup itself.
 export SDPA_WISDOM=none
+# Each phase's header says when it starts (seconds since the script began),
+# so that a CI log shows where its minutes go (the budget: DEVELOPERS.md).
+phase() { echo "== $* (at ${SECONDS}s)"; }
+phase "dependencies (scripts/deps.sh)"
 scripts/deps.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 py=$(command -v python3)
@@ -47,28 +51,28 @@ configure_and_test() { # dir, ctest filter, [-E exclude], cmake flags...
     exclude=$2
     shift 2
   fi
-  echo "== $dir"
+  phase "$dir"
   cmake -S . -B "$dir" -DSDPA_WERROR=ON -DPython3_EXECUTABLE="$py" "$@" >/dev/null
   cmake --build "$dir" -j"$jobs" >/dev/null
   (cd "$dir" && ctest --output-on-failure -j"$jobs" ${filter:+-R "$filter"} ${exclude:+-E "$exclude"})
 }
 
 configure_and_test build "" -DCMAKE_BUILD_TYPE=Release
-echo "== install, examples and the .deb"
+phase "install, examples and the .deb"
 scripts/examples.sh build
 # programs built against the 0.2.0 header, on this library and on one whose
 # structs grew (README: Compatibility)
-echo "== scripts/abi-check.sh"
+phase "scripts/abi-check.sh"
 scripts/abi-check.sh build
 # libsdpa as a ggml operator on ggml's threads, ggml from PyPI's
 # stable-diffusion-cpp-python sdist (about a minute to build ggml)
-echo "== scripts/ggml-check.sh (ggml_flash_attn_ext against libsdpa's node)"
+phase "scripts/ggml-check.sh (ggml_flash_attn_ext against libsdpa's node)"
 scripts/ggml-check.sh build
 # cpu.amx on real tiles where the CPU has AMX, its tile-less cost elsewhere
 # (one round of the smoke suite: a minute or two)
-echo "== scripts/amx-check.sh --quick"
+phase "scripts/amx-check.sh --quick"
 scripts/amx-check.sh --quick | tail -12
-echo "== scripts/neon-check.sh (AArch64 under qemu)"
+phase "scripts/neon-check.sh (AArch64 under qemu)"
 scripts/neon-check.sh build-aarch64
 # ASan: every test; test_grid in its quick mode (every case through every
 # kernel, twice, against itself: the float64 reference, most of its time
@@ -84,15 +88,15 @@ TSAN_OPTIONS=halt_on_error=1 SDPA_TEST_QUICK=1 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSDPA_SANITIZE=thread
 
-echo "== python"
+phase "python"
 scripts/python-test.sh
-echo "== the CUDA plugin against a Python wheel's cuDNN"
+phase "the CUDA plugin against a Python wheel's cuDNN"
 scripts/cuda-wheel-check.sh build-py/venv/bin/python
 
 # The peer benchmark's contenders must stay right: one round of the smoke
 # suite in both dtypes, every output checked against float64 (no timing).
 if [ -f build/libsdpa_peers.so ]; then
-  echo "== bench/peers (smoke, outputs checked)"
+  phase "bench/peers (smoke, outputs checked)"
   for pass in "" --backward; do
     for dtype in f32 bf16; do
       build-py/venv/bin/python bench/peers/peers.py --lib build/libsdpa_peers.so \
@@ -101,7 +105,7 @@ if [ -f build/libsdpa_peers.so ]; then
   done
 fi
 
-echo "== build-fuzz"
+phase "build-fuzz"
 CC=clang cmake -S . -B build-fuzz -DSDPA_WERROR=ON -DSDPA_CUDA=OFF -DSDPA_FUZZ=ON \
   -DSDPA_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_policy fuzz_npy fuzz_forward >/dev/null
@@ -119,3 +123,4 @@ for t in policy npy forward; do
   fuzz_passed=$((fuzz_passed + 1))
 done
 echo "fuzz: $fuzz_passed passed, 0 failed"
+phase "done"
