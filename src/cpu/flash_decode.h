@@ -408,6 +408,76 @@ decode_prefetch(const void *const *pf, int64_t st, int per, int64_t bytes)
             __builtin_prefetch((const char *)pf[j] + x, 0, 3);
 }
 
+/*
+ * A task's K (or V) rows asked for in memory order (decode_block_gemm, where
+ * a task reads every KV head of its keys: one contiguous range), a few lines
+ * per step of the products, DECODE_STREAM_AHEAD key blocks ahead of the rows
+ * they read. The blocks read one KV head's rows at a time, Hkv D elements
+ * apart: an order the hardware prefetchers do not follow (in a throwaway
+ * probe with the same arithmetic per line, reading a one-query 8:1 step's
+ * rows in the blocks' order took 1.7x the time of reading them in memory
+ * order, Zen 3). One-query 8:1 steps against 8192 keys: 0.90-0.96x the time
+ * in f32, 0.98x in bf16 (whose arithmetic, not its reads, is the limit),
+ * the other decode rows level (Zen 3, bench/results/2026-12-07-decode-
+ * stream-ab-zen3.txt, with the runs that chose the variant). It replaces the
+ * block-by-block prefetches there (both together: 1.10x the time of the
+ * stream alone); 1 or 4 blocks ahead instead of 2: 0.97x and 1.04x, within
+ * the host's noise; half the heads of each key per task (a segment per key):
+ * 1.06x, so only whole ranges stream. A task of one KV head reads its rows
+ * in memory order already.
+ */
+#define DECODE_STREAM_AHEAD 2
+typedef struct decode_lines {
+    const char *next; /* the next line to ask for */
+    int64_t per;      /* lines per step of the products */
+    int64_t block;    /* lines one head block consumes */
+    int64_t asked, target, total; /* lines asked for, up to where, in all */
+} decode_lines;
+
+typedef struct decode_stream {
+    decode_lines k, v;
+} decode_stream;
+
+#if DECODE_GEMM
+/* One step's lines, as far as the target allows. */
+static inline __attribute__((always_inline)) void decode_lines_ask(decode_lines *s)
+{
+    int64_t n = s->target - s->asked;
+    n = n < s->per ? n : s->per;
+    if (n <= 0)
+        return;
+    s->asked += n;
+    const char *p = s->next;
+    for (; n > 0; n--, p += 64)
+        __builtin_prefetch(p, 0, 3);
+    s->next = p;
+}
+
+/* A head block begins: the stream may run one block's lines further. */
+static inline void decode_lines_advance(decode_lines *s)
+{
+    s->target = s->target + s->block < s->total ? s->target + s->block : s->total;
+}
+
+/* t's rows of keys [k0, kmax) of KV heads [hk0, hk1) of batch b, one
+ * contiguous range (every KV head of a key: decode_keys), as a stream
+ * whose step is one of `steps` per head block. */
+static void decode_lines_start(decode_lines *s, const sdpa_tensor *t, int64_t b, int64_t hk0,
+                               int64_t hk1, int64_t k0, int64_t kmax, int steps)
+{
+    const int64_t key_bytes = t->stride[1] * sdpa__elem_bytes(t->dtype), keys = kmax - k0;
+    const char *first = (const char *)sdpa__elem(t, sdpa__offset(t, b, k0, hk0, 0));
+    const int64_t off = (int64_t)((uintptr_t)first % 64);
+    const int64_t ahead = DECODE_STREAM_AHEAD * VL < keys ? DECODE_STREAM_AHEAD * VL : keys;
+    const int64_t skipped = ahead * key_bytes / 64; /* lines the first blocks read */
+    s->next = first - off + skipped * 64;
+    s->total = (off + keys * key_bytes + 63) / 64 - skipped;
+    s->block = (VL * key_bytes + 63) / 64 / (hk1 - hk0) + 1;
+    s->per = (s->block + steps - 1) / steps;
+    s->asked = s->target = 0;
+}
+#endif
+
 /* Where n rows of t at keys j0.. of head h of batch b start (rows past n:
  * the first one again), by the key stride, in bytes. */
 static inline void decode_rows(const sdpa_tensor *t, int64_t b, int64_t j0, int n, int64_t h,
@@ -518,7 +588,7 @@ V_UNROLL_WHOLE
  * ends, the four folded pairs summed into s[r] (lane j: key j). */
 static inline __attribute__((always_inline)) void
 decode_gemm_scores(const float *q, int64_t Dp, int64_t D, const int R, const void *const *krow,
-                   vec *s, const int kv)
+                   vec *s, const int kv, decode_lines *ks)
 {
     vec h[DECODE_GEMM_ROWS][VL / 2];
     for (int pr = 0; pr < VL / 2; pr++) {
@@ -549,6 +619,8 @@ decode_gemm_scores(const float *q, int64_t Dp, int64_t D, const int R, const voi
         }
         for (int r = 0; r < R; r++)
             h[r][pr] = V_PAIR_SUMS(a0[r], a1[r]);
+        if (ks)
+            decode_lines_ask(ks);
     }
     for (int r = 0; r < R; r++)
         s[r] = V_SUMS_OF_PAIRS(h[r][0], h[r][1], h[r][2], h[r][3]);
@@ -583,11 +655,14 @@ decode_gemm_pv_cols(float *o, int64_t Dp, int64_t dd, const int R, const int C,
 
 static inline __attribute__((always_inline)) void
 decode_gemm_pv(float *o, int64_t Dp, int64_t D, const int R, const float (*p)[VL],
-               const void *const *vrow, const int kv)
+               const void *const *vrow, const int kv, decode_lines *vs)
 {
     int64_t dd = 0;
-    for (; dd + DECODE_GEMM_COLS * VL <= D; dd += DECODE_GEMM_COLS * VL)
+    for (; dd + DECODE_GEMM_COLS * VL <= D; dd += DECODE_GEMM_COLS * VL) {
         decode_gemm_pv_cols(o, Dp, dd, R, DECODE_GEMM_COLS, p, vrow, kv);
+        if (vs)
+            decode_lines_ask(vs);
+    }
     for (; dd + VL <= D; dd += VL)
         decode_gemm_pv_cols(o, Dp, dd, R, 1, p, vrow, kv);
     if (dd < D) { /* O's workspace row is Dp long and zero past D: V's part loads keep it so */
@@ -645,12 +720,13 @@ static inline __attribute__((always_inline)) void
 decode_block_gemm(const decode_job *jb, int64_t b, int64_t hk, const int nr, int64_t j0,
                   const int64_t *limit, const float *q, const void *const *krow,
                   const void *const *vrow, const void *const *vpf, const void *const *kpf,
-                  float *o, float *m, float *l, const int kv)
+                  float *o, float *m, float *l, const int kv, decode_stream *st)
 {
     const int64_t D = jb->c->desc.D, Dp = jb->Dp;
     vec acc[DECODE_ROWS];
     decode_prefetch(vpf, 0, VL, jb->v_bytes); /* this block's V rows, read after the softmax */
-#define GEMM_S(r0, R) decode_gemm_scores(q + (r0) * Dp, Dp, D, (R), krow, acc + (r0), kv)
+#define GEMM_S(r0, R)                                                                        \
+    decode_gemm_scores(q + (r0) * Dp, Dp, D, (R), krow, acc + (r0), kv, st ? &st->k : NULL)
     DECODE_GEMM_BLOCKS(nr, GEMM_S)
 #undef GEMM_S
     float p[DECODE_ROWS][VL];
@@ -663,7 +739,8 @@ decode_block_gemm(const decode_job *jb, int64_t b, int64_t hk, const int nr, int
         return;
     }
 #define GEMM_PV(r0, R)                                                                       \
-    decode_gemm_pv(o + (r0) * Dp, Dp, D, (R), (const float(*)[VL])p[r0], vrow, kv)
+    decode_gemm_pv(o + (r0) * Dp, Dp, D, (R), (const float(*)[VL])p[r0], vrow, kv,           \
+                   st ? &st->v : NULL)
     DECODE_GEMM_BLOCKS(nr, GEMM_PV)
 #undef GEMM_PV
 }
@@ -726,7 +803,8 @@ V_UNROLL_WHOLE /* else GCC zeroes the array by REP STOSQ at every block */
 typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_t j0,
                              const int64_t *limit, const float *q, const void *const *krow,
                              const void *const *vrow, const void *const *vpf,
-                             const void *const *kpf, float *o, float *m, float *l);
+                             const void *const *kpf, float *o, float *m, float *l,
+                             decode_stream *st);
 #if DECODE_GEMM
 /* Per kind, one function for 8 rows and one for 4 (grouped-query 8:1 and
  * 4:1 decode steps), the count a constant; one for the other counts, read
@@ -738,9 +816,11 @@ typedef void decode_block_fn(const decode_job *jb, int64_t b, int64_t hk, int64_
     static __attribute__((noinline)) void decode_gemm_##name##_##kind(                       \
         const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
         const float *q, const void *const *krow, const void *const *vrow,                    \
-        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
+        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l,        \
+        decode_stream *st)                                                                   \
     {                                                                                        \
-        decode_block_gemm(jb, b, hk, (n), j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind); \
+        decode_block_gemm(jb, b, hk, (n), j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind,  \
+                          st);                                                               \
     }
 #define DECODE_GEMM_FNS(name, n)                                                             \
     DECODE_GEMM_FN(name, n, KV_F32) DECODE_GEMM_FN(name, n, KV_BF16)                         \
@@ -768,8 +848,10 @@ static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
     static __attribute__((noinline)) void decode_block_##n##_##kind(                         \
         const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
         const float *q, const void *const *krow, const void *const *vrow,                    \
-        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
+        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l,        \
+        decode_stream *st)                                                                   \
     {                                                                                        \
+        (void)st;                                                                            \
         decode_block_rows(jb, b, hk, n, j0, limit, q, krow, vrow, vpf, kpf, o, m, l, kind);  \
     }
 #ifdef DECODE_PAIRS
@@ -777,8 +859,10 @@ static decode_block_fn *decode_block_for(int nr, int kv, int pairs)
     static __attribute__((noinline)) void decode_block_##n##_pairs(                          \
         const decode_job *jb, int64_t b, int64_t hk, int64_t j0, const int64_t *limit,       \
         const float *q, const void *const *krow, const void *const *vrow,                    \
-        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l)        \
+        const void *const *vpf, const void *const *kpf, float *o, float *m, float *l,        \
+        decode_stream *st)                                                                   \
     {                                                                                        \
+        (void)st;                                                                            \
         decode_block_pairs(jb, b, hk, n, j0, limit, (const uint32_t *)q, krow, vrow, vpf,    \
                            kpf, o, m, l);                                                    \
     }
@@ -858,6 +942,25 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
 #if DECODE_SHARED || DECODE_GEMM
     decode_block_fn *const block = nr > 1 ? decode_block_for(nr, kv, jb->pairs) : NULL;
 #endif
+    decode_stream *st = NULL;
+    (void)st; /* used where the blocks are built (DECODE_SHARED, DECODE_GEMM) */
+#if DECODE_GEMM
+    decode_stream stream;
+    /* the stream (above) where the task reads all of several KV heads'
+     * rows, side by side in memory (one contiguous range), and P V has full
+     * column blocks (its steps) */
+    const int64_t kb = c->k->stride[1] * sdpa__elem_bytes(c->k->dtype);
+    const int64_t vb = c->v->stride[1] * sdpa__elem_bytes(c->v->dtype);
+    if (block && in_place_rows && hk1 - hk0 > 1 && c->k->stride[2] == D &&
+        c->v->stride[2] == D && D >= DECODE_GEMM_COLS * VL &&
+        kb == (hk1 - hk0) * jb->k_bytes && vb == (hk1 - hk0) * jb->v_bytes) {
+        const int blocks = (nr + DECODE_GEMM_ROWS - 1) / DECODE_GEMM_ROWS;
+        decode_lines_start(&stream.k, c->k, b, hk0, hk1, k0, kmax, VL / 2 * blocks);
+        decode_lines_start(&stream.v, c->v, b, hk0, hk1, k0, kmax,
+                           (int)(D / (DECODE_GEMM_COLS * VL)) * blocks);
+        st = &stream;
+    }
+#endif
     for (int64_t j0 = k0; j0 < kmax; j0 += VL) {
         const int nk = (int)(kmax - j0 < VL ? kmax - j0 : VL);
         for (int64_t hk = hk0; hk < hk1; hk++) {
@@ -881,9 +984,13 @@ decode_keys(const decode_job *jb, int64_t b, int64_t hk0, int64_t hk1, int64_t k
             const int sl0 = (int)(hk - hk0) * nr;
 #if DECODE_SHARED || DECODE_GEMM
             if (block) { /* 2 to DECODE_ROWS rows sharing each read */
+#if DECODE_GEMM
+                if (st) /* the stream instead of the block-by-block prefetches */
+                    decode_lines_advance(&st->k), decode_lines_advance(&st->v);
+#endif
                 block(jb, b, hk, j0, limit, q + sl0 * Dp, krow, vrow,
-                      fetch && in_place_rows ? vrow : NULL, fetch && nn > 0 ? kpf : NULL,
-                      o + sl0 * Dp, m + sl0, l + sl0);
+                      !st && fetch && in_place_rows ? vrow : NULL,
+                      !st && fetch && nn > 0 ? kpf : NULL, o + sl0 * Dp, m + sl0, l + sl0, st);
                 continue;
             }
 #endif
