@@ -706,7 +706,9 @@ _Static_assert(DECODE_GEMM_ROWS == 4, "DECODE_GEMM_BLOCKS lists the remainders o
  * broadcast q element) was not faster with 8 lanes on a Zen 3 (0.94-1.15x
  * the time of row by row on one-query grouped-query steps), and row by row
  * ran P V as one chain of 8 dependent multiply-adds per O vector.
- * Prefetches: the rows decode_block_rows asks for, each set at once (this
+ * Prefetches: where a task reads every KV head of its keys, the stream of
+ * decode_lines (memory order, a share per step: st); else the rows
+ * decode_block_rows asks for, each set at once (this
  * block's V rows as it starts, the next head block's K rows after the
  * softmax; without them a one-query 8:1 step took 1.29x the time); K and
  * V 1-8 head blocks ahead instead, into L1 or L2, at once or spread over
