@@ -423,12 +423,14 @@ decode_prefetch(const void *const *pf, int64_t st, int per, int64_t bytes)
  * block-by-block prefetches there (both together: 1.10x the time of the
  * stream alone); 1 or 4 blocks ahead instead of 2: 0.97x and 1.04x, within
  * the host's noise; half the heads of each key per task (a segment per key):
- * 1.06x, so only whole ranges stream. A task of one KV head reads its rows
- * in memory order already.
+ * 1.06x, so only whole ranges stream. Tasks of one KV head get none: with
+ * one KV head in all (MQA) their rows are in memory order already; where
+ * few keys make decode_run cut the heads across tasks it is not tried.
+ * Addresses are kept as integers: the last lines may lie past the tensor.
  */
 #define DECODE_STREAM_AHEAD 2
 typedef struct decode_lines {
-    const char *next; /* the next line to ask for */
+    uintptr_t next;   /* the next line to ask for */
     int64_t per;      /* lines per step of the products */
     int64_t block;    /* lines one head block consumes */
     int64_t asked, target, total; /* lines asked for, up to where, in all */
@@ -447,9 +449,9 @@ static inline __attribute__((always_inline)) void decode_lines_ask(decode_lines 
     if (n <= 0)
         return;
     s->asked += n;
-    const char *p = s->next;
+    uintptr_t p = s->next;
     for (; n > 0; n--, p += 64)
-        __builtin_prefetch(p, 0, 3);
+        __builtin_prefetch((const void *)p, 0, 3);
     s->next = p;
 }
 
@@ -466,11 +468,11 @@ static void decode_lines_start(decode_lines *s, const sdpa_tensor *t, int64_t b,
                                int64_t hk1, int64_t k0, int64_t kmax, int steps)
 {
     const int64_t key_bytes = t->stride[1] * sdpa__elem_bytes(t->dtype), keys = kmax - k0;
-    const char *first = (const char *)sdpa__elem(t, sdpa__offset(t, b, k0, hk0, 0));
-    const int64_t off = (int64_t)((uintptr_t)first % 64);
+    const uintptr_t first = (uintptr_t)sdpa__elem(t, sdpa__offset(t, b, k0, hk0, 0));
+    const int64_t off = (int64_t)(first % 64);
     const int64_t ahead = DECODE_STREAM_AHEAD * VL < keys ? DECODE_STREAM_AHEAD * VL : keys;
     const int64_t skipped = ahead * key_bytes / 64; /* lines the first blocks read */
-    s->next = first - off + skipped * 64;
+    s->next = first - (uintptr_t)off + (uintptr_t)skipped * 64;
     s->total = (off + keys * key_bytes + 63) / 64 - skipped;
     s->block = (VL * key_bytes + 63) / 64 / (hk1 - hk0) + 1;
     s->per = (s->block + steps - 1) / steps;
