@@ -50,6 +50,12 @@ extern const size_t sdpa__isa_level_count;
  * or "other"). */
 const char *sdpa__build_arch(void);
 
+/* The CPUs this process may run on (its affinity mask: taskset, a
+ * container's cpuset), at most the online ones; the online count where
+ * the mask cannot be read. The default worker count: a pool of every
+ * online CPU in a process held to fewer would time-slice its workers. */
+int sdpa__cpus_allowed(void);
+
 /* The row of one bit, or NULL. */
 const sdpa_cpu_feature *sdpa__cpu_feature(unsigned bit);
 

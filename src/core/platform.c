@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -141,6 +144,19 @@ void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe)
     (void)probe;
 }
 #endif
+
+int sdpa__cpus_allowed(void)
+{
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = online > 0 ? (int)online : 1;
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 &&
+        CPU_COUNT(&set) < n)
+        n = CPU_COUNT(&set);
+#endif
+    return n;
+}
 
 static void detect_cpu(sdpa_platform *p)
 {

@@ -178,7 +178,7 @@ sdpa_status sdpa_context_create(const sdpa_context_options *opts, sdpa_context *
     ctx->log.level = o->log_level >= 0 ? o->log_level : SDPA_LOG_WARN;
     sdpa_platform_detect(&ctx->host);
     ctx->platform = o->platform ? *o->platform : ctx->host;
-    ctx->threads = o->threads ? o->threads : ctx->host.cpu_cores;
+    ctx->threads = o->threads ? o->threads : sdpa__cpus_allowed();
     ctx->foreign_policy = o->foreign_policy != 0;
     ctx->host_for = o->parallel_for, ctx->host_user = o->parallel_for_user;
     ctx->share_pool = o->share_pool != 0 && !ctx->host_for;

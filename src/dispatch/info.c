@@ -85,8 +85,11 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     sdpa__sb_printf(sb, "arch      %s\n", p->cpu_arch);
     if (strcmp(p->cpu_arch, SDPA_ARCH_X86_64) == 0) /* AMX's permission is an x86 matter */
         sdpa__sb_printf(sb, "amx       %s\n", amx_state(p));
-    sdpa__sb_printf(sb, "threads   %d (of %d online CPUs)%s\n", sdpa_context_threads(ctx),
-                    p->cpu_cores, ctx->host_for ? ", the caller's parallel-for" : "");
+    const int allowed = sdpa__cpus_allowed();
+    sdpa__sb_printf(sb, "threads   %d (of %d online CPUs", sdpa_context_threads(ctx), p->cpu_cores);
+    if (allowed < p->cpu_cores && !p->simulated)
+        sdpa__sb_printf(sb, "; this process may run on %d", allowed);
+    sdpa__sb_printf(sb, ")%s\n", ctx->host_for ? ", the caller's parallel-for" : "");
     sdpa__guard_text(sb, ctx, 10);
     if (p->cuda_present)
         sdpa__sb_printf(sb, "cuda      %s, sm_%d%d, cuDNN %d\n", p->gpu_name, p->cc_major,

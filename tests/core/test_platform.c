@@ -11,12 +11,18 @@
  * serves correctly. That last part runs real AVX-512 BF16 kernels, so it
  * needs them here; it is skipped, saying so, where the machine lacks them. A described CPU with the
  * permission granted never gets a context: cpu.amx's self-test would run
- * tile instructions this machine may not have.
+ * tile instructions this machine may not have. And the default worker
+ * count: one per CPU the process may run on (held to one CPU here, a
+ * context's pool has one worker, not one per online CPU time-slicing).
  */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include "support/testlib.h"
 #include "core/core.h"
 
 #include <string.h>
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #if defined(__x86_64__) /* CPUID and XCR0 are x86-64 matters */
 /* ---- a described CPU */
@@ -211,6 +217,45 @@ static void aarch64_detection(void)
 }
 #endif
 
+/* A context created while the process may run on one CPU of several
+ * gets one worker; threads = 3 is still taken as asked. */
+static void default_threads_follow_affinity(void)
+{
+#if defined(__linux__)
+    cpu_set_t was, one;
+    if (sched_getaffinity(0, sizeof was, &was) != 0 || CPU_COUNT(&was) < 2) {
+        tl_skip("the default worker count under an affinity mask",
+                "this process may run on one CPU only (or its mask cannot be read)");
+        return;
+    }
+    int first = 0;
+    while (!CPU_ISSET(first, &was))
+        first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "cannot hold the test to CPU %d", first);
+    sdpa_context_options o = SDPA_CONTEXT_OPTIONS_DEFAULT;
+    o.ignore_env = 1;
+    sdpa_context *ctx = NULL;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_OK);
+    CHECK(sdpa_context_threads(ctx) == 1, "held to one CPU: %d default workers, expected 1",
+          sdpa_context_threads(ctx));
+    char *text = NULL;
+    CHECK_STATUS(sdpa_info(ctx, 0, &text), SDPA_OK);
+    CHECK(text && strstr(text, "this process may run on 1"), "info does not say so:\n%s",
+          text ? text : "(none)");
+    sdpa_free(text);
+    sdpa_context_destroy(ctx);
+    o.threads = 3;
+    CHECK_STATUS(sdpa_context_create(&o, &ctx), SDPA_OK);
+    CHECK(sdpa_context_threads(ctx) == 3, "threads = 3 asked: %d", sdpa_context_threads(ctx));
+    sdpa_context_destroy(ctx);
+    CHECK(sched_setaffinity(0, sizeof was, &was) == 0, "cannot give the CPUs back");
+#else
+    tl_skip("the default worker count under an affinity mask", "Linux only");
+#endif
+}
+
 int main(void)
 {
     tl_seed_from_env();
@@ -231,5 +276,6 @@ int main(void)
           "cpu:features=neon: arch '%s', features 0x%x", d.cpu_arch, d.cpu_features);
     CHECK_STATUS(sdpa_platform_parse("cpu:features=avx2+avx512", &d), SDPA_OK);
     CHECK(strcmp(d.cpu_arch, "x86_64") == 0, "cpu:features=avx2+avx512: arch '%s'", d.cpu_arch);
+    default_threads_follow_affinity();
     return tl_finish();
 }
