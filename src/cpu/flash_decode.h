@@ -630,8 +630,17 @@ decode_gemm_scores(const float *q, int64_t Dp, int64_t D, const int R, const voi
 
 /* O += P V for R rows (o and p: row r at o + r * Dp, p[r]), every row
  * weighing all VL keys: R x C vectors of O in registers, each V vector
- * meeting every row's weight. */
-#define DECODE_GEMM_COLS 3
+ * meeting every row's weight. 4 x 2 rather than 4 x 3: with D = 128 the
+ * columns then divide the row (4 x 3 left one column alone, its 4 chains
+ * of 8 dependent multiply-adds waiting on latency), and a throwaway loop
+ * of the same P V ran 4 x 2 at 85-88% of one core's FMA peak against
+ * 70% for 4 x 3 (Zen 3). Each weight is broadcast where it is used
+ * (V_MADE_HERE): GCC otherwise broadcast all 32 once, kept them on the
+ * stack and read one back for every multiply-add (1.02-1.03x the time).
+ * One-query steps, 8 rows per KV head: 0.85-0.98x the time in f32,
+ * 0.91-0.94x in bf16; 16 rows and D = 72 level (Zen 3,
+ * bench/results/2026-12-07-decode-pv-cols-ab-zen3.txt). */
+#define DECODE_GEMM_COLS 2
 static inline __attribute__((always_inline)) void
 decode_gemm_pv_cols(float *o, int64_t Dp, int64_t dd, const int R, const int C,
                     const float (*p)[VL], const void *const *vrow, const int kv)
@@ -645,7 +654,8 @@ decode_gemm_pv_cols(float *o, int64_t Dp, int64_t dd, const int R, const int C,
         for (int c = 0; c < C; c++)
             v[c] = KV_LOAD(vrow[j], dd + c * VL, kv);
         for (int r = 0; r < R; r++) {
-            const vec pb = V_SET1(p[r][j]);
+            vec pb = V_SET1(p[r][j]);
+            V_MADE_HERE(pb);
             for (int c = 0; c < C; c++)
                 acc[r][c] = V_FMA(pb, v[c], acc[r][c]);
         }

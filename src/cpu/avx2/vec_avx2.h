@@ -52,6 +52,11 @@ typedef __m256 vec;
 /* x held in a register from here: the compiler may not fold its load into
  * each instruction that reads it (flash_decode.h's scores) */
 #define V_IN_REGISTER(x) __asm__("" : "+x"(x))
+/* x made here, in a register, at every pass of the loop around it: the
+ * compiler may not hoist it out of the loop (flash_decode.h's P V, whose
+ * broadcast weights GCC computed once, kept on the stack and read back as
+ * an operand of every multiply-add: a 256-bit load per multiply-add) */
+#define V_MADE_HERE(x) __asm__ volatile("" : "+x"(x))
 #define V_SUMS_OF_PAIRS(h0, h1, h2, h3) sums_of_pairs8((h0), (h1), (h2), (h3))
 
 static inline __m256i part_mask(int n)
