@@ -519,8 +519,9 @@ typedef void (*sdpa_parallel_for_fn)(void *user, int64_t n_tasks, sdpa_task_body
  *   log          NULL: messages at or above log_level go to stderr.
  *   log_level    -1: from SDPA_LOG (error|warn|info|debug), default warn.
  *   threads      CPU worker threads; 0: one per CPU this process may run on
- *                (the online CPUs, or fewer where an affinity mask holds
- *                it: taskset, a container's cpuset).
+ *                (the online CPUs, or fewer where an affinity mask or a
+ *                cgroup CPU quota holds it: taskset, a container's cpuset
+ *                or --cpus, a Kubernetes CPU limit).
  *   policy_file  user rule file (precedence over the built-in rules); NULL:
  *                from SDPA_POLICY if set.
  *   ignore_env   1: do not read SDPA_BACKEND, SDPA_POLICY, SDPA_LOG, SDPA_MAX_ISA,

@@ -50,11 +50,21 @@ extern const size_t sdpa__isa_level_count;
  * or "other"). */
 const char *sdpa__build_arch(void);
 
-/* The CPUs this process may run on (its affinity mask: taskset, a
- * container's cpuset), at most the online ones; the online count where
- * the mask cannot be read. The default worker count: a pool of every
- * online CPU in a process held to fewer would time-slice its workers. */
+/* The CPUs this process may run on: the online ones, or fewer where its
+ * affinity mask (taskset, a container's cpuset) or a cgroup's CPU quota
+ * (a container's --cpus, a Kubernetes CPU limit: sdpa__cgroup_cpus) holds
+ * it to fewer. The default worker count: a pool of every online CPU in a
+ * process held to fewer would time-slice its workers (under a quota, be
+ * throttled for the rest of each period). */
 int sdpa__cpus_allowed(void);
+
+/* The CPUs a cgroup CPU quota grants the process (quota over period,
+ * rounded up; the smallest of its group's and every parent group's), 0
+ * where none is set or none can be read. root: where the cgroup file
+ * systems are mounted ("/sys/fs/cgroup": v2's unified tree there, v1's
+ * controllers under it by name); self_cgroup: the process's memberships
+ * ("/proc/self/cgroup"). Parameters so a test can describe a cgroup. */
+int sdpa__cgroup_cpus(const char *root, const char *self_cgroup);
 
 /* The row of one bit, or NULL. */
 const sdpa_cpu_feature *sdpa__cpu_feature(unsigned bit);

@@ -145,6 +145,93 @@ void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe)
 }
 #endif
 
+/* q / p of one cgroup directory, rounded up; 0 where it sets no limit or
+ * cannot be read. v2: "cpu.max" holds "QUOTA PERIOD" or "max PERIOD";
+ * v1: cpu.cfs_quota_us (-1: none) and cpu.cfs_period_us. */
+static int cgroup_dir_cpus(const char *dir, int v2)
+{
+    char path[4096 + 32]; /* dir (below 4096) and a file name */
+    long long quota = -1, period = 0;
+    if (v2) {
+        snprintf(path, sizeof path, "%s/cpu.max", dir);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return 0;
+        char q[32] = "";
+        if (fscanf(f, "%31s %lld", q, &period) != 2 || strcmp(q, "max") == 0)
+            period = 0;
+        else
+            quota = strtoll(q, NULL, 10);
+        fclose(f);
+    } else {
+        snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return 0;
+        if (fscanf(f, "%lld", &quota) != 1)
+            quota = -1;
+        fclose(f);
+        snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
+        f = fopen(path, "r");
+        if (!f)
+            return 0;
+        if (fscanf(f, "%lld", &period) != 1)
+            period = 0;
+        fclose(f);
+    }
+    if (quota <= 0 || period <= 0)
+        return 0;
+    const long long cpus = (quota + period - 1) / period;
+    return cpus > 4096 ? 4096 : (int)cpus;
+}
+
+int sdpa__cgroup_cpus(const char *root, const char *self_cgroup)
+{
+    FILE *f = fopen(self_cgroup, "r");
+    if (!f)
+        return 0;
+    int best = 0;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        /* "ID:CONTROLLERS:PATH": v2 has ID 0 and no controllers, v1's
+         * CPU line names "cpu" among its controllers ("cpu,cpuacct") */
+        line[strcspn(line, "\n")] = '\0';
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2)
+            continue;
+        *c1 = '\0', *c2 = '\0';
+        const char *controllers = c1 + 1, *cg = c2 + 1;
+        const int v2 = strcmp(line, "0") == 0 && controllers[0] == '\0';
+        int v1 = 0;
+        for (const char *t = controllers; !v2 && *t;) {
+            const size_t n = strcspn(t, ",");
+            v1 |= n == 3 && strncmp(t, "cpu", 3) == 0;
+            t += n + (t[n] == ',');
+        }
+        if (!v2 && !v1)
+            continue;
+        /* the process's group and every group above it, each of which may
+         * hold a quota (a container's root is its own "/") */
+        char dir[4096];
+        const int base = v2 ? snprintf(dir, sizeof dir, "%s", root)
+                            : snprintf(dir, sizeof dir, "%s/%s", root, controllers);
+        if (base < 0 || (size_t)base >= sizeof dir)
+            continue;
+        snprintf(dir + base, sizeof dir - (size_t)base, "%s", strcmp(cg, "/") ? cg : "");
+        for (;;) {
+            const int n = cgroup_dir_cpus(dir, v2);
+            if (n > 0 && (best == 0 || n < best))
+                best = n;
+            char *slash = strrchr(dir + base, '/');
+            if (!slash)
+                break;
+            *slash = '\0';
+        }
+    }
+    fclose(f);
+    return best;
+}
+
 int sdpa__cpus_allowed(void)
 {
     long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -154,6 +241,9 @@ int sdpa__cpus_allowed(void)
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 &&
         CPU_COUNT(&set) < n)
         n = CPU_COUNT(&set);
+    const int quota = sdpa__cgroup_cpus("/sys/fs/cgroup", "/proc/self/cgroup");
+    if (quota > 0 && quota < n)
+        n = quota;
 #endif
     return n;
 }

@@ -13,13 +13,20 @@
  * permission granted never gets a context: cpu.amx's self-test would run
  * tile instructions this machine may not have. And the default worker
  * count: one per CPU the process may run on (held to one CPU here, a
- * context's pool has one worker, not one per online CPU time-slicing).
+ * context's pool has one worker, not one per online CPU time-slicing),
+ * and the CPU quotas of described cgroups (v1 and v2 trees in a temporary
+ * folder) read as that many CPUs.
  */
 #define _GNU_SOURCE /* sched_getaffinity */
 #include "support/testlib.h"
 #include "core/core.h"
+#include "core/cpu_features.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -256,6 +263,68 @@ static void default_threads_follow_affinity(void)
 #endif
 }
 
+/* path (under the folder top) gets text, its folders made first */
+static void put_file(const char *top, const char *path, const char *text)
+{
+    char full[1024];
+    snprintf(full, sizeof full, "%s/%s", top, path);
+    for (char *p = full + strlen(top) + 1; (p = strchr(p, '/')) != NULL; p++) {
+        *p = '\0';
+        mkdir(full, 0700);
+        *p = '/';
+    }
+    FILE *f = fopen(full, "w");
+    CHECK(f != NULL, "cannot write %s", full);
+    if (f)
+        fputs(text, f), fclose(f);
+}
+
+static int cgroup_cpus_in(const char *top, const char *membership)
+{
+    char root[512], self[512];
+    snprintf(root, sizeof root, "%s/fs", top);
+    snprintf(self, sizeof self, "%s/self-cgroup", top);
+    put_file(top, "self-cgroup", membership);
+    return sdpa__cgroup_cpus(root, self);
+}
+
+/* Quotas of described cgroups: v2's cpu.max, v1's cfs files, the smallest
+ * along the path up, rounded up to whole CPUs; none set, none readable or
+ * malformed: 0 (no limit). */
+static void cgroup_quotas(void)
+{
+    char top[] = "/tmp/sdpa-cgroup-XXXXXX";
+    if (!mkdtemp(top)) {
+        CHECK(0, "cannot make a temporary folder");
+        return;
+    }
+    CHECK(cgroup_cpus_in(top, "0::/\n") == 0, "no cpu.max: expected no limit");
+    put_file(top, "fs/cpu.max", "max 100000\n");
+    CHECK(cgroup_cpus_in(top, "0::/\n") == 0, "cpu.max 'max': %d, expected no limit",
+          cgroup_cpus_in(top, "0::/\n"));
+    put_file(top, "fs/kube/pod/cpu.max", "max 100000\n");
+    put_file(top, "fs/kube/cpu.max", "250000 100000\n");
+    CHECK(cgroup_cpus_in(top, "0::/kube/pod\n") == 3,
+          "a parent's quota of 2.5 CPUs: %d, expected 3", cgroup_cpus_in(top, "0::/kube/pod\n"));
+    put_file(top, "fs/kube/pod/cpu.max", "100000 100000\n");
+    CHECK(cgroup_cpus_in(top, "0::/kube/pod\n") == 1, "the group's own 1 CPU below its "
+          "parent's 2.5: %d", cgroup_cpus_in(top, "0::/kube/pod\n"));
+    put_file(top, "fs/cpu,cpuacct/docker/c1/cpu.cfs_quota_us", "150000\n");
+    put_file(top, "fs/cpu,cpuacct/docker/c1/cpu.cfs_period_us", "100000\n");
+    const char *v1 = "12:pids:/docker/c1\n4:cpu,cpuacct:/docker/c1\n1:name=systemd:/x\n";
+    CHECK(cgroup_cpus_in(top, v1) == 2, "v1 quota of 1.5 CPUs: %d, expected 2",
+          cgroup_cpus_in(top, v1));
+    put_file(top, "fs/cpu,cpuacct/docker/c1/cpu.cfs_quota_us", "-1\n");
+    CHECK(cgroup_cpus_in(top, v1) == 0, "v1 quota -1: %d, expected no limit",
+          cgroup_cpus_in(top, v1));
+    put_file(top, "fs/cpu.max", "garbage\n");
+    CHECK(cgroup_cpus_in(top, "0::/\n") == 0, "malformed cpu.max: expected no limit");
+    CHECK(sdpa__cgroup_cpus(top, "/nonexistent/self-cgroup") == 0, "no membership file");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
+    CHECK(system(cmd) == 0, "cannot remove %s", top);
+}
+
 int main(void)
 {
     tl_seed_from_env();
@@ -277,5 +346,6 @@ int main(void)
     CHECK_STATUS(sdpa_platform_parse("cpu:features=avx2+avx512", &d), SDPA_OK);
     CHECK(strcmp(d.cpu_arch, "x86_64") == 0, "cpu:features=avx2+avx512: arch '%s'", d.cpu_arch);
     default_threads_follow_affinity();
+    cgroup_quotas();
     return tl_finish();
 }
