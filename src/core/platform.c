@@ -145,39 +145,34 @@ void sdpa__set_cpu_probe(const sdpa_cpu_probe *probe)
 }
 #endif
 
+/* The first line of dir/file into buf (n bytes), 1; 0 where unreadable. */
+static int read_first_line(const char *dir, const char *file, char *buf, size_t n)
+{
+    char path[4096 + 32]; /* dir (below 4096) and a file name */
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    const int ok = fgets(buf, (int)n, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
 /* q / p of one cgroup directory, rounded up; 0 where it sets no limit or
  * cannot be read. v2: "cpu.max" holds "QUOTA PERIOD" or "max PERIOD";
  * v1: cpu.cfs_quota_us (-1: none) and cpu.cfs_period_us. */
 static int cgroup_dir_cpus(const char *dir, int v2)
 {
-    char path[4096 + 32]; /* dir (below 4096) and a file name */
-    long long quota = -1, period = 0;
+    char q[64], p[64];
+    long long quota = 0, period = 0;
     if (v2) {
-        snprintf(path, sizeof path, "%s/cpu.max", dir);
-        FILE *f = fopen(path, "r");
-        if (!f)
+        if (!read_first_line(dir, "cpu.max", q, sizeof q) ||
+            sscanf(q, "%lld %lld", &quota, &period) != 2) /* "max ...": no number */
             return 0;
-        char q[32] = "";
-        if (fscanf(f, "%31s %lld", q, &period) != 2 || strcmp(q, "max") == 0)
-            period = 0;
-        else
-            quota = strtoll(q, NULL, 10);
-        fclose(f);
-    } else {
-        snprintf(path, sizeof path, "%s/cpu.cfs_quota_us", dir);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            return 0;
-        if (fscanf(f, "%lld", &quota) != 1)
-            quota = -1;
-        fclose(f);
-        snprintf(path, sizeof path, "%s/cpu.cfs_period_us", dir);
-        f = fopen(path, "r");
-        if (!f)
-            return 0;
-        if (fscanf(f, "%lld", &period) != 1)
-            period = 0;
-        fclose(f);
+    } else if (!read_first_line(dir, "cpu.cfs_quota_us", q, sizeof q) ||
+               !read_first_line(dir, "cpu.cfs_period_us", p, sizeof p) ||
+               sscanf(q, "%lld", &quota) != 1 || sscanf(p, "%lld", &period) != 1) {
+        return 0;
     }
     if (quota <= 0 || period <= 0)
         return 0;
