@@ -72,7 +72,7 @@ class _Context:
 
 _lock = threading.Lock()
 _ctx = None
-_threads_set = None  # set_num_threads(n); None: follow torch, else all cores
+_threads_set = None  # set_num_threads(n); None: follow torch, else the C default
 _torch_threads = os.environ.get("SDPA_TORCH_THREADS", "1") != "0"  # use_torch_threads()
 
 
@@ -82,7 +82,7 @@ def _wanted_threads():
     torch = sys.modules.get("torch")
     if torch is not None:  # torch's OpenMP pool size: do not start a second, larger one
         return max(1, torch.get_num_threads())
-    return 0  # all cores
+    return 0  # the C default: the CPUs this process may run on (affinity, cgroup quota)
 
 
 def _context():
@@ -98,8 +98,9 @@ def _context():
 
 
 def set_num_threads(n):
-    """CPU threads for libsdpa's calls (0: all cores; None: follow
-    torch.get_num_threads() when torch is imported, else all cores)."""
+    """CPU threads for libsdpa's calls (0: one per CPU this process may run
+    on, its affinity mask and cgroup CPU quota allowing; None: follow
+    torch.get_num_threads() when torch is imported, else 0)."""
     global _threads_set
     if n is not None and (not isinstance(n, int) or n < 0):
         raise InvalidArgumentError(f"set_num_threads: n is {n!r}, expected an int >= 0 or None")
