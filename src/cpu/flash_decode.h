@@ -432,7 +432,8 @@ decode_prefetch(const void *const *pf, int64_t st, int per, int64_t bytes)
 typedef struct decode_lines {
     uintptr_t next;   /* the next line to ask for */
     int64_t per;      /* lines per step of the products */
-    int64_t block;    /* lines one head block consumes */
+    int64_t block;    /* bytes one head block consumes (VL keys of one KV head) */
+    int64_t advanced; /* bytes of the head blocks begun: the target, exactly */
     int64_t asked, target, total; /* lines asked for, up to where, in all */
 } decode_lines;
 
@@ -455,10 +456,19 @@ static inline __attribute__((always_inline)) void decode_lines_ask(decode_lines 
     s->next = p;
 }
 
-/* A head block begins: the stream may run one block's lines further. */
+/* A head block begins: the stream may run one block's bytes further. The
+ * target follows the bytes, not a sum of rounded line counts: adding
+ * lines rounded up per head block drifted 4 lines further ahead per key
+ * block at 8:1, so that a task over 8192 keys asked for lines up to
+ * 300 KB before their use, long evicted from L1 by then (with one worker
+ * and the keys not cut, that call took 1.35x the time; batched 8:1 steps,
+ * whose tasks stream every key, 1.06-1.12x: bench/results/2026-12-07-
+ * decode-stream-drift-ab-zen3.txt). */
 static inline void decode_lines_advance(decode_lines *s)
 {
-    s->target = s->target + s->block < s->total ? s->target + s->block : s->total;
+    s->advanced += s->block;
+    const int64_t lines = (s->advanced + 63) / 64;
+    s->target = lines < s->total ? lines : s->total;
 }
 
 /* t's rows of keys [k0, kmax) of KV heads [hk0, hk1) of batch b, one
@@ -474,9 +484,10 @@ static void decode_lines_start(decode_lines *s, const sdpa_tensor *t, int64_t b,
     const int64_t skipped = ahead * key_bytes / 64; /* lines the first blocks read */
     s->next = first - (uintptr_t)off + (uintptr_t)skipped * 64;
     s->total = (off + keys * key_bytes + 63) / 64 - skipped;
-    s->block = (VL * key_bytes + 63) / 64 / (hk1 - hk0) + 1;
-    s->per = (s->block + steps - 1) / steps;
-    s->asked = s->target = 0;
+    s->block = VL * key_bytes / (hk1 - hk0); /* whole: key_bytes is the heads' rows */
+    const int64_t lines = (s->block + 63) / 64 + 1; /* a block's lines, a boundary's too */
+    s->per = (lines + steps - 1) / steps;
+    s->advanced = s->asked = s->target = 0;
 }
 #endif
 
