@@ -422,7 +422,8 @@ decode_prefetch(const void *const *pf, int64_t st, int per, int64_t bytes)
  * stream-ab-zen3.txt, with the runs that chose the variant). It replaces the
  * block-by-block prefetches there (both together: 1.10x the time of the
  * stream alone); 1 or 4 blocks ahead instead of 2: 0.97x and 1.04x, within
- * the host's noise; half the heads of each key per task (a segment per key):
+ * the host's noise (measured before the target's drift was fixed: see
+ * decode_lines_advance); half the heads of each key per task (a segment per key):
  * 1.06x, so only whole ranges stream. Tasks of one KV head get none: with
  * one KV head in all (MQA) their rows are in memory order already; where
  * few keys make decode_run cut the heads across tasks it is not tried.
