@@ -645,8 +645,8 @@ decode_gemm_scores(const float *q, int64_t Dp, int64_t D, const int R, const voi
  * meeting every row's weight. 4 x 2 rather than 4 x 3: with D = 128 the
  * columns then divide the row (4 x 3 left one column alone, its 4 chains
  * of 8 dependent multiply-adds waiting on latency), and a throwaway loop
- * of the same P V ran 4 x 2 at 85-88% of one core's FMA peak against
- * 70% for 4 x 3 (Zen 3). Each weight is broadcast where it is used
+ * of the same P V ran 4 x 2 at 85-90% of one core's FMA peak against
+ * 69-70% for 4 x 3 (Zen 3; bench/results/2026-12-07-decode-gemm-tries-zen3.txt). Each weight is broadcast where it is used
  * (V_MADE_HERE): GCC otherwise broadcast all 32 once, kept them on the
  * stack and read one back for every multiply-add (1.02-1.03x the time).
  * One-query steps, 8 rows per KV head: 0.85-0.98x the time in f32,
