@@ -3,7 +3,7 @@
  *
  *   bench_ab_libs OLD.so NEW.so [--dtype f32|bf16|f16] [--reps N]
  *                 [--causal top-left] [--layout bshd|bhsd] [--burst N]
- *                 B,Sq,Skv,Hq,Hkv,D ...
+ *                 [--backward] B,Sq,Skv,Hq,Hkv,D ...
  *
  * Both libraries are loaded with dlopen (RTLD_LOCAL: each keeps its own
  * symbols, context and thread pool) and called on the same tensors, one
@@ -25,8 +25,11 @@
  * (torch's layout, as libsdpa's Python calls pass it). --burst N: each
  * turn is N calls in a row (a layer called again on the same tensors, as
  * a benchmark's loop does: what the caches keep from one call to the
- * next counts), timed together, per call. The idle library's
- * pool sleeps while the other runs (its workers wait on a condition).
+ * next counts), timed together, per call. --backward times sdpa_backward
+ * instead (dq, dk, dv from a random output gradient; the forward's output
+ * and LSE from the old library, once per shape, shared by both). The idle
+ * library's pool sleeps while the other runs (its workers wait on a
+ * condition).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "sdpa.h"
@@ -43,11 +46,16 @@ typedef void (*destroy_fn)(sdpa_context *);
 typedef sdpa_status (*forward_fn)(sdpa_context *, const sdpa_tensor *, const sdpa_tensor *,
                                   const sdpa_tensor *, sdpa_tensor *, float *,
                                   const sdpa_params *);
+typedef sdpa_status (*backward_fn)(sdpa_context *, const sdpa_tensor *, const sdpa_tensor *,
+                                   const sdpa_tensor *, const sdpa_tensor *, const float *,
+                                   const sdpa_tensor *, const float *, sdpa_tensor *,
+                                   sdpa_tensor *, sdpa_tensor *, const sdpa_params *);
 typedef sdpa_status (*convert_fn)(const void *, sdpa_dtype, void *, sdpa_dtype, size_t);
 
 typedef struct lib {
     void *handle;
     forward_fn forward;
+    backward_fn backward;
     destroy_fn destroy;
     sdpa_context *ctx;
 } lib;
@@ -81,10 +89,11 @@ static int open_lib(lib *l, const char *path, convert_fn *convert)
     /* POSIX: a data pointer from dlsym converts to a function pointer */
     *(void **)&create = dlsym(l->handle, "sdpa_context_create");
     *(void **)&l->forward = dlsym(l->handle, "sdpa_forward");
+    *(void **)&l->backward = dlsym(l->handle, "sdpa_backward");
     *(void **)&l->destroy = dlsym(l->handle, "sdpa_context_destroy");
     if (convert)
         *(void **)convert = dlsym(l->handle, "sdpa_convert");
-    if (!create || !l->forward || !l->destroy || (convert && !*convert)) {
+    if (!create || !l->forward || !l->backward || !l->destroy || (convert && !*convert)) {
         fprintf(stderr, "bench_ab_libs: %s is not a libsdpa (no sdpa_forward)\n", path);
         return 0;
     }
@@ -131,16 +140,19 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr, "usage: bench_ab_libs OLD.so NEW.so [--dtype f32|bf16|f16] [--reps N] "
-                        "[--causal top-left] [--layout bshd|bhsd] [--burst N] B,Sq,Skv,Hq,Hkv,D "
-                        "...\n");
+                        "[--causal top-left] [--layout bshd|bhsd] [--burst N] [--backward] "
+                        "B,Sq,Skv,Hq,Hkv,D ...\n");
         return 2;
     }
     sdpa_dtype dtype = SDPA_BF16;
-    int reps = 31, first_shape = 3, heads_outer = 0, burst = 1;
+    int reps = 31, first_shape = 3, heads_outer = 0, burst = 1, backward = 0;
     sdpa_params params = SDPA_PARAMS_DEFAULT;
-    for (; first_shape + 1 < argc && argv[first_shape][0] == '-'; first_shape += 2) {
-        const char *f = argv[first_shape], *v = argv[first_shape + 1];
-        if (!strcmp(f, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))) {
+    for (; first_shape < argc && argv[first_shape][0] == '-'; first_shape += 2) {
+        const char *f = argv[first_shape], *v = first_shape + 1 < argc ? argv[first_shape + 1] : "";
+        if (!strcmp(f, "--backward")) { /* a flag: no value */
+            backward = 1;
+            first_shape--;
+        } else if (!strcmp(f, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))) {
             dtype = !strcmp(v, "f32") ? SDPA_F32 : !strcmp(v, "bf16") ? SDPA_BF16 : SDPA_F16;
         } else if (!strcmp(f, "--reps") && atoi(v) >= 3 && atoi(v) <= 100000) {
             reps = atoi(v);
@@ -152,7 +164,8 @@ int main(int argc, char **argv)
             heads_outer = !strcmp(v, "bhsd");
         } else {
             fprintf(stderr, "bench_ab_libs: %s %s: expected --dtype f32|bf16|f16, --reps N "
-                            "(3 or more), --causal top-left, --layout bshd|bhsd or --burst N (1 or more)\n", f, v);
+                            "(3 or more), --causal top-left, --layout bshd|bhsd, --burst N (1 or more) or "
+                            "--backward\n", f, v);
             return 2;
         }
     }
@@ -164,8 +177,9 @@ int main(int argc, char **argv)
     double *ratio = malloc(sizeof(double) * (size_t)reps);
     if (!times[0] || !times[1] || !ratio)
         return 1;
-    printf("# bench_ab_libs: old %s, new %s; %s, causal %s, layout %s, %d pairs of %d call%s per "
+    printf("# bench_ab_libs: old %s, new %s; %s%s, causal %s, layout %s, %d pairs of %d call%s per "
            "shape, the order alternating; backend %s\n", argv[1], argv[2],
+           backward ? "backward, " : "",
            dtype == SDPA_F32 ? "f32" : dtype == SDPA_BF16 ? "bf16" : "f16",
            params.causal == SDPA_CAUSAL_TOP_LEFT ? "top-left" : "none",
            heads_outer ? "bhsd" : "bshd", reps, burst, burst > 1 ? "s" : "",
@@ -194,9 +208,35 @@ int main(int argc, char **argv)
         const sdpa_tensor tk = view(k, dtype, B, Skv, Hkv, D, heads_outer);
         const sdpa_tensor tv = view(v, dtype, B, Skv, Hkv, D, heads_outer);
         sdpa_tensor to = view(o, dtype, B, Sq, Hq, D, heads_outer);
+        /* --backward: the output's gradient and the three gradients, and
+         * the forward's LSE (from the old library's forward, below) */
+        void *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+        float *lse = NULL;
+        if (backward) {
+            dout = random_tensor(convert, dtype, nq), dq = random_tensor(convert, dtype, nq);
+            dk = random_tensor(convert, dtype, nk), dv = random_tensor(convert, dtype, nk);
+            lse = malloc(sizeof(float) * (size_t)(B * Hq * Sq));
+            if (!dout || !dq || !dk || !dv || !lse) {
+                fprintf(stderr, "bench_ab_libs: shape '%s': out of memory\n", argv[a]);
+                return 1;
+            }
+        }
+        const sdpa_tensor tdo = view(dout, dtype, B, Sq, Hq, D, heads_outer);
+        sdpa_tensor tdq = view(dq, dtype, B, Sq, Hq, D, heads_outer);
+        sdpa_tensor tdk = view(dk, dtype, B, Skv, Hkv, D, heads_outer);
+        sdpa_tensor tdv = view(dv, dtype, B, Skv, Hkv, D, heads_outer);
+        if (backward && libs[0].forward(libs[0].ctx, &tq, &tk, &tv, &to, lse, &params) != SDPA_OK) {
+            fprintf(stderr, "bench_ab_libs: shape '%s': %s failed the forward call\n", argv[a],
+                    argv[1]);
+            return 1;
+        }
+#define CALL(l)                                                                                \
+    (backward ? (l).backward((l).ctx, &tq, &tk, &tv, &to, lse, &tdo, NULL, &tdq, &tdk, &tdv,    \
+                             &params)                                                          \
+              : (l).forward((l).ctx, &tq, &tk, &tv, &to, NULL, &params))
         for (int i = 0; i < 2; i++)
             for (int w = 0; w < 2; w++) /* warm: pools, tiles, packing buffers */
-                if (libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params) != SDPA_OK) {
+                if (CALL(libs[i]) != SDPA_OK) {
                     fprintf(stderr, "bench_ab_libs: shape '%s': %s failed the call\n", argv[a],
                             argv[1 + i]);
                     return 1;
@@ -206,9 +246,10 @@ int main(int argc, char **argv)
                 const int i = n & 1 ? 1 - j : j;
                 const double t0 = now();
                 for (int r = 0; r < burst; r++)
-                    libs[i].forward(libs[i].ctx, &tq, &tk, &tv, &to, NULL, &params);
+                    CALL(libs[i]);
                 times[i][n] = (now() - t0) / burst;
             }
+#undef CALL
         for (int n = 0; n < reps; n++)
             ratio[n] = times[1][n] / times[0][n];
         qsort(times[0], (size_t)reps, sizeof(double), cmp);
@@ -219,6 +260,7 @@ int main(int argc, char **argv)
                1e3 * times[1][0], ratio[reps / 2], ratio[reps / 4], ratio[3 * reps / 4]);
         fflush(stdout);
         free(q), free(k), free(v), free(o);
+        free(dout), free(dq), free(dk), free(dv), free(lse);
     }
     for (int i = 0; i < 2; i++)
         libs[i].destroy(libs[i].ctx);
