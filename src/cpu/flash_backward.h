@@ -92,7 +92,10 @@
 #else
 #define BWD_ROWS_PAD 0
 #define BWD_Q_SCALED 1 /* qs = scale q */
-#define BWD_KEY_COLS(bk) BWD_BK /* the micro-kernel's panels: every column */
+/* a short block's keys rounded up to whole vectors, not to BWD_BK: SDXL's
+ * 77 keys (48 + 29) took 96 score columns, now 80; PixArt's 120 (48 + 48
+ * + 24) 144, now 120 (cpu.avx2, Zen 3: 0.94x and 0.90x the time) */
+#define BWD_KEY_COLS(bk) (((bk) + VL - 1) / VL * VL)
 #ifndef BWD_TASK_START
 #define BWD_TASK_START() ((void)0)
 #define BWD_TASK_END() ((void)0)
@@ -164,12 +167,16 @@ static inline __attribute__((always_inline)) void bwd_panel(const int nv, int M,
 
 /* C[M][N] (+)= A[M][K] . B[K][N], N a multiple of VL; A element (i, k) at
  * a[i rs + k cs]. Column panels outer, so a panel of B stays in L1 while
- * the rows pass. */
+ * the rows pass. With 3 vectors a panel, 4 left are cut 2 + 2, not 3 + 1:
+ * a one-vector panel of 4 rows has 4 accumulators, too few to cover the
+ * multiply-add's latency on two pipes (dQ's 128 columns at D 128, a
+ * 32-key block). */
 static void bwd_gemm(int M, int N, int K, const float *a, ptrdiff_t rs, ptrdiff_t cs,
                      const float *b, ptrdiff_t ldb, float *c, ptrdiff_t ldc, int accumulate)
 {
-    for (int n0 = 0; n0 < N; n0 += BWD_NV * VL) {
-        const int nv = (N - n0) / VL < BWD_NV ? (N - n0) / VL : BWD_NV;
+    for (int n0 = 0, nv; n0 < N; n0 += nv * VL) {
+        const int left = (N - n0) / VL;
+        nv = left < BWD_NV ? left : BWD_NV == 3 && left == 4 ? 2 : BWD_NV;
         switch (nv) {
 #if BWD_NV > 3
         case 4: bwd_panel(4, M, K, a, rs, cs, b + n0, ldb, c + n0, ldc, accumulate); break;
@@ -310,11 +317,19 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
                        c->dout->stride[3], D, 1.0f, dout);
         sdpa__load_row(sdpa__elem(c->out, sdpa__offset(c->out, b, i, h, 0)), c->out->dtype,
                        c->out->stride[3], D, 1.0f, w->row);
-        float di = 0.0f;
-        for (int64_t e = 0; e < D; e++)
-            di += dout[e] * w->row[e];
         for (int64_t e = D; e < Dp; e++)
-            qs[e] = dout[e] = 0.0f;
+            qs[e] = dout[e] = w->row[e] = 0.0f;
+        /* Di in VL lanes, then their sum: one scalar chain of D
+         * multiply-adds waited on each add (4 cycles), a row's whole cost
+         * when the keys are few (77- and 120-key cross rows 0.95-0.96x
+         * the time in VL lanes, cpu.avx2 on Zen 3) */
+        vec acc = V_ZERO();
+        for (int64_t e = 0; e < Dp; e += VL)
+            acc = V_FMA(V_LOAD(dout + e), V_LOAD(w->row + e), acc);
+        float lanes[VL], di = 0.0f;
+        V_STORE(lanes, acc);
+        for (int e = 0; e < VL; e++)
+            di += lanes[e];
 #ifdef BWD_TILES
         bwd_tiles_pack_row(w, r - r_lo, qs, dout, Dp);
 #endif
@@ -440,7 +455,7 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     const int64_t D = c->desc.D;
     const float *qs = w->qs + r0 * Dp, *dout = w->dout + r0 * Dp;
     /* S = qs K^T */
-    bwd_gemm(nr, BWD_BK, (int)D, qs, Dp, 1, w->kt, BWD_BK, w->s, BWD_BK, 0);
+    bwd_gemm(nr, kc, (int)D, qs, Dp, 1, w->kt, BWD_BK, w->s, BWD_BK, 0);
 #endif
     const int masked = bk < kc ||
                        (c->mask && (c->mask->general || c->mask->window || c->mask->blocks)) ||
@@ -456,9 +471,9 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     }
 #ifndef BWD_TILES
     /* dV^T += dO^T P: A(e, r) = dout[r][e] */
-    bwd_gemm((int)D, BWD_BK, nr, dout, 1, Dp, w->s, BWD_BK, w->dvt, BWD_BK, 1);
+    bwd_gemm((int)D, kc, nr, dout, 1, Dp, w->s, BWD_BK, w->dvt, BWD_BK, 1);
     /* dP = dO V^T, then dS = P (dP - Di) in place */
-    bwd_gemm(nr, BWD_BK, (int)D, dout, Dp, 1, w->vt, BWD_BK, w->dp, BWD_BK, 0);
+    bwd_gemm(nr, kc, (int)D, dout, Dp, 1, w->vt, BWD_BK, w->dp, BWD_BK, 0);
 #endif
     for (int r = 0; r < nr; r++) {
         float *dp = w->dp + (ptrdiff_t)r * BWD_BK;
@@ -471,7 +486,7 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     bwd_tiles_grads(w, Dp, r0, nr, kc, dq, (float)c->scale);
 #else
     /* dK^T += qs^T dS */
-    bwd_gemm((int)D, BWD_BK, nr, qs, 1, Dp, w->dp, BWD_BK, w->dkt, BWD_BK, 1);
+    bwd_gemm((int)D, kc, nr, qs, 1, Dp, w->dp, BWD_BK, w->dkt, BWD_BK, 1);
     /* dQ += dS K (the block's bk keys) */
     bwd_gemm(nr, (int)Dp, bk, w->dp, BWD_BK, 1, w->kr, Dp, dq + r0 * Dp, Dp, 1);
 #endif
