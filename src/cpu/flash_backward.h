@@ -139,8 +139,16 @@ static inline __attribute__((always_inline)) void bwd_panel(const int nv, int M,
                                                             ptrdiff_t ldc, int accumulate)
 {
     int i = 0;
-    for (; i + BWD_MR <= M; i += BWD_MR)
+    for (; i + BWD_MR <= M; i += BWD_MR) {
+        /* the next rows' accumulators asked for now: a call of the
+         * micro-kernel starts by loading them, and dQ's come from L2 or
+         * beyond (its rows are the task's, streamed once per key block) */
+        if (accumulate && i + 2 * BWD_MR <= M)
+            for (int r = BWD_MR; r < 2 * BWD_MR; r++)
+                for (int v = 0; v < nv * VL; v += 16)
+                    __builtin_prefetch(c + (i + r) * ldc + v, 1, 3);
         bwd_ukr(BWD_MR, nv, K, a + i * rs, rs, cs, b, ldb, c + i * ldc, ldc, accumulate);
+    }
     a += i * rs, c += i * ldc;
     switch (M - i) {
 #if BWD_MR > 7
