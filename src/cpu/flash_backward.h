@@ -711,11 +711,14 @@ static void bwd_reduce_task(void *arg, int64_t task, int worker)
     for (int g = 0; g < (sp->by_rows ? 2 : 1); g++)
         for (int64_t x = x0; x < x1; x++) {
             const size_t at = (size_t)((g * n + x) * Dp);
-            for (int64_t e = 0; e < d->D; e++) {
-                float sum = 0.0f;
+            /* VL elements at a time, each summed in chunk order as one
+             * at a time was (the same bits); the parts' lanes past D are
+             * zeros from their memset */
+            for (int64_t e = 0; e < Dp; e += VL) {
+                vec sum = V_ZERO();
                 for (int64_t ch = 0; ch < sp->chunks; ch++)
-                    sum += base[(size_t)ch * part + at + (size_t)e];
-                row[e] = sum;
+                    sum = V_ADD(sum, V_LOAD(base + (size_t)ch * part + at + (size_t)e));
+                V_STORE(row + e, sum);
             }
             if (sp->by_rows) { /* key x: zeros where no chunk saw it */
                 sdpa_tensor *t = g ? c->dv : c->dk;
