@@ -145,7 +145,7 @@ static inline __attribute__((always_inline)) void bwd_panel(const int nv, int M,
          * beyond (its rows are the task's, streamed once per key block) */
         if (accumulate && i + 2 * BWD_MR <= M)
             for (int r = BWD_MR; r < 2 * BWD_MR; r++)
-                for (int v = 0; v < nv * VL; v += 16)
+                for (int v = 0; v < nv * VL; v += 16) /* 16 floats: a line */
                     __builtin_prefetch(c + (i + r) * ldc + v, 1, 3);
         bwd_ukr(BWD_MR, nv, K, a + i * rs, rs, cs, b, ldb, c + i * ldc, ldc, accumulate);
     }
