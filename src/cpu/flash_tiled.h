@@ -10,7 +10,8 @@
  *
  *     S^T [BK][BQ] = K [BK][D] . Q^T [D][BQ]       (scale folded into Q^T)
  *     P^T = exp(S^T - m), column by column          (m, l per query: vectors)
- *     O^T [D][BQ] += V^T [D][BK] . P^T [BK][BQ]     (V read as V[j][d])
+ *     O^T [D][BQ] += V^T [D][BK] . P^T [BK][BQ]     (V read as V[j][d], or
+ *                                                    copied as V^T: TILED_V_T)
  *
  * so the row max, exp and sum of the softmax are plain element-wise vector
  * operations with no horizontal reductions, and both products are one
@@ -523,11 +524,65 @@ static void store_out(const sdpa_call *c, const workspace *w, const qblock *qb,
     }
 }
 
-/* Where the products read a K/V block: key row j at k + j * k_ld, value
- * row j at v + j * v_ld (pair mode: w->k, w->v as packed). */
+#ifdef TILED_V_T
+/*
+ * V^T [D][ldv] of keys p0 .. p0 + bk (ldv: bk rounded up to whole vectors,
+ * the pads zero), VL keys at a time by register transposes: straight from
+ * f32 rows of unit stride, else through w->tr. P V then reads V^T's MR
+ * rows one after the other instead of one 16-byte piece of each of bk
+ * rows 4 D bytes apart. Its cost: the copy's transposes, a small share of
+ * the products that reuse it (every query block of the task).
+ */
+static void load_vt(const sdpa_call *c, const workspace *w, const flash_task *tk,
+                    const int64_t *keys, int64_t p0, int bk, int64_t ldv)
+{
+    const sdpa_tensor *v = c->v;
+    const int64_t D = c->desc.D, ldp = d_padded(D);
+    const int direct = v->dtype == SDPA_F32 && v->stride[3] == 1;
+    for (int j0 = 0; j0 < bk; j0 += VL) {
+        const int n = bk - j0 < VL ? bk - j0 : VL;
+        if (direct) {
+            const float *src[VL];
+            for (int r = 0; r < n; r++)
+                src[r] = (const float *)v->data +
+                         sdpa__offset(v, tk->b, flash_key(keys, p0 + j0 + r), tk->hk, 0);
+            for (int64_t d0 = 0; d0 < D; d0 += VL) {
+                const int nd = D - d0 < VL ? (int)(D - d0) : VL; /* a last part of the row */
+                vec x[VL];
+                for (int r = 0; r < VL; r++)
+                    x[r] = r >= n      ? V_ZERO()
+                           : nd == VL ? V_LOAD(src[r] + d0)
+                                      : V_LOAD_PART(src[r] + d0, nd);
+                V_TRANSPOSE_REGS(x);
+                for (int e = 0; e < nd; e++)
+                    V_STORE(w->v + (d0 + e) * ldv + j0, x[e]);
+            }
+            continue;
+        }
+        for (int r = 0; r < VL; r++) {
+            float *dst = w->tr + r * ldp;
+            if (r >= n) {
+                memset(dst, 0, sizeof *dst * (size_t)ldp);
+                continue;
+            }
+            const int64_t kj = flash_key(keys, p0 + j0 + r);
+            sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk->b, kj, tk->hk, 0)), v->dtype,
+                           v->stride[3], D, 1.0f, dst);
+            memset(dst + D, 0, sizeof *dst * (size_t)(ldp - D));
+        }
+        for (int64_t d0 = 0; d0 < D; d0 += VL)
+            transpose_to(w->v + d0 * ldv + j0, ldv, w->tr + d0, ldp, D - d0);
+    }
+}
+#endif
+
+/* Where the products read a K/V block: key row j at k + j * k_ld, the
+ * value of key j and head dim d at v + d * v_rs + j * v_cs (rows: v_rs 1,
+ * v_cs the row stride; V^T, TILED_V_T: v_rs its row length, v_cs 1; pair
+ * mode: w->k, w->v as packed). */
 typedef struct kv_tile {
     const a_elem *k, *v;
-    ptrdiff_t k_ld, v_ld;
+    ptrdiff_t k_ld, v_rs, v_cs;
 } kv_tile;
 
 /*
@@ -547,7 +602,7 @@ static kv_tile load_kv(const sdpa_call *c, const workspace *w, const flash_task 
 #ifdef TILED_PAIRS
     (void)in_place;
     load_kv_pairs(c, w, tk, keys, p0, bk);
-    const kv_tile t = {(const a_elem *)w->k, (const a_elem *)w->v, (c->desc.D + 1) / 2,
+    const kv_tile t = {(const a_elem *)w->k, (const a_elem *)w->v, (c->desc.D + 1) / 2, 1,
                        c->desc.D};
     return t;
 #else
@@ -557,7 +612,7 @@ static kv_tile load_kv(const sdpa_call *c, const workspace *w, const flash_task 
         k->stride[1] <= 4 * D && v->stride[1] <= 4 * D) {
         const kv_tile t = {(const float *)k->data + sdpa__offset(k, tk->b, p0, tk->hk, 0),
                            (const float *)v->data + sdpa__offset(v, tk->b, p0, tk->hk, 0),
-                           k->stride[1], v->stride[1]};
+                           k->stride[1], 1, v->stride[1]};
         return t;
     }
 #ifdef TILED_KV_AHEAD
@@ -589,10 +644,18 @@ static kv_tile load_kv(const sdpa_call *c, const workspace *w, const flash_task 
 #endif
         sdpa__load_row(sdpa__elem(k, sdpa__offset(k, tk->b, kj, tk->hk, 0)), k->dtype,
                        k->stride[3], D, 1.0f, w->k + (ptrdiff_t)j * D);
+#ifndef TILED_V_T
         sdpa__load_row(sdpa__elem(v, sdpa__offset(v, tk->b, kj, tk->hk, 0)), v->dtype,
                        v->stride[3], D, 1.0f, w->v + (ptrdiff_t)j * D);
+#endif
     }
-    const kv_tile t = {w->k, w->v, D, D};
+#ifdef TILED_V_T
+    const int64_t ldv = (bk + VL - 1) / VL * VL;
+    load_vt(c, w, tk, keys, p0, bk, ldv);
+    const kv_tile t = {w->k, w->v, D, ldv, 1};
+#else
+    const kv_tile t = {w->k, w->v, D, 1, D};
+#endif
     return t;
 #endif
 }
@@ -663,10 +726,10 @@ static void values(const sdpa_call *c, const workspace *w, const kv_tile *t, con
 {
     const int64_t D = c->desc.D;
 #ifdef TILED_PAIRS
-    gemm_rows(qv, (int)D, (bk + 1) / 2, t->v, 1, t->v_ld, (const b_elem *)w->st, qb->ot,
+    gemm_rows(qv, (int)D, (bk + 1) / 2, t->v, t->v_rs, t->v_cs, (const b_elem *)w->st, qb->ot,
               accumulate, NULL);
 #else
-    gemm_rows(qv, (int)D, bk, t->v, 1, t->v_ld, w->st, qb->ot, accumulate, NULL);
+    gemm_rows(qv, (int)D, bk, t->v, t->v_rs, t->v_cs, w->st, qb->ot, accumulate, NULL);
 #endif
 }
 
@@ -869,7 +932,8 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0;
     const size_t row_room = ((size_t)D + 64 + 15) / 16 * 16; /* keeps what follows aligned */
     const size_t tr_room = (size_t)(VL * d_padded(D));
-    const size_t per = per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)(2 * kb * D) +
+    const int64_t kbr = (kb + VL - 1) / VL * VL; /* V^T's rows: whole vectors of keys */
+    const size_t per = per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)((kb + kbr) * D) +
                        row_room + tr_room + key_room;
     /* tiles, then the per-thread descriptors, in the thread's scratch */
     const size_t tiles = per * (size_t)workers * sizeof(float);
@@ -894,7 +958,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
         }
         w->st = p, p += kb * BQ;
         w->k = p, p += kb * D;
-        w->v = p, p += kb * D;
+        w->v = p, p += kbr * D;
         w->row = p, p += row_room;
         w->tr = p, p += tr_room;
         w->keys = key_room ? (int64_t *)p : NULL;

@@ -21,6 +21,12 @@
  * on cpu.avx512 yet: it keeps 192 rows and the plain copy. */
 #define TILED_F32_ROWS 288
 #define TILED_KV_AHEAD 3
+/* V copied as V^T (flash_tiled.h's load_vt): P V reads 4 rows of V^T in
+ * turn instead of 16 bytes of each of 128 key rows. Cross rows 0.92-0.98x
+ * the time (512 keys 0.92-0.93x), long rows level, Zen 3,
+ * bench/results/2026-12-07-avx2-vt-copy-ab-zen3.txt; not tried on the
+ * AVX-512 CPUs yet. */
+#define TILED_V_T
 
 #include "../flash_tiled.h"
 
