@@ -2,8 +2,8 @@
  * flash_decode.h - the CPU kernels' path for few query rows per KV head
  * (grouped-query heads times Sq, at most DECODE_ROWS: a decode step, a
  * text encoder with a cache, one token), fp32 products over a vector
- * vocabulary: included by flash_tiled.h (cpu.avx512, cpu.avx2) and by
- * cpu.portable's flash_portable.c (vec_portable.h). cpu.avx512bf16's
+ * vocabulary: included by flash_run.h (cpu.avx512, cpu.avx2, cpu.neon,
+ * cpu.portable over vec_portable.h). cpu.avx512bf16's
  * build (flash_tiled.h in pair mode) runs bf16 calls with 2-8 rows per KV
  * head on its ISA file's pair products instead (DECODE_PAIRS: VDPBF16PS
  * on K and V in place, P rounded to bf16, decode_block_pairs), the rest

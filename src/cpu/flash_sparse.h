@@ -1,7 +1,7 @@
 /*
  * flash_sparse.h - windows and block maps (sdpa.h) on the tiled kernels:
- * included by flash_tiled.h after its loops, whose packing, micro-kernel
- * and online softmax it reuses.
+ * included by flash_run.h after flash_tiled.h, whose packing,
+ * micro-kernel and online softmax it reuses.
  *
  * A task is one (batch, query head, map query block): block_q rows (128
  * for a window without a map; up to SPARSE_ROWS when consecutive map rows

@@ -1,8 +1,9 @@
 /*
  * flash_tiled.h - the tiled flash-attention framework shared by the ISA
  * kernels (cpu.avx512, cpu.avx2). Each ISA file defines a handful of vector
- * macros, its exp and its micro-kernel, then includes this file, which
- * supplies loops, packing, online softmax, threading and the backend entry.
+ * macros, its exp and its micro-kernel, then includes flash_run.h (the
+ * backend entry: the call's paths, tasks and workspace), which includes
+ * this file: the loops, packing, online softmax and the task functions.
  * Adding an ISA means adding a micro-kernel, not a framework (as in BLIS).
  *
  * Layout: queries run along the vector lanes. For one block of BQ queries
@@ -876,106 +877,4 @@ static void task_short_fn(void *arg, int64_t task, int worker)
         }
         store_out(c, w, qb, &tk, i0, rows);
     }
-}
-
-/* Keys up to which the short path runs: K and V packed (2 Skv D floats)
- * and S^T (Skv x BQ) stay within L2 at D <= 128. */
-#define SHORT_KEYS 512
-static int short_keys(const sdpa_call_desc *d) { return d->Skv <= SHORT_KEYS && d->Skv * d->D <= SHORT_KEYS * 128; }
-
-#include "flash_decode.h" /* pair mode: its DECODE_PAIRS products, the ISA file's */
-#include "flash_sparse.h"
-
-static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
-{
-    (void)self;
-#ifndef TILED_PAIRS
-    if (decode_applies(c)) /* few queries per head: flash_decode.h */
-        return decode_run(self, c);
-#endif
-    const sdpa_call_desc *d = &c->desc;
-    sdpa_pool *pool = sdpa__pool_for_call(c); /* small calls: the calling thread alone */
-    /* the split as for the context's threads, whoever runs the tasks: a
-     * share of the call then computes exactly its tasks of the n-thread
-     * call (non-finite inputs meet masks task by task: 0 * NaN) */
-    const int threads = sdpa__pool_threads(c->pool);
-    const int workers = sdpa__pool_workers(pool); /* the workspaces */
-    const int64_t D = d->D;
-    /* windows and block maps: flash_sparse.h, SPARSE_BQ rows resident */
-    const int sparse = sparse_applies(c);
-    const int is_short = !sparse && short_keys(d);
-    const int64_t kb = is_short ? d->Skv : BK; /* keys packed at once */
-    /* K/V that must be converted (f16, bf16) are shared by up to 8 query
-     * blocks: each task converts its own, and an f16 call ran at 61% of the
-     * ceiling with 4, 67-78% with 8 (4608 tokens, D 128, the Sapphire Rapids
-     * VM, noisy). f32 K/V rows are copied, by up to 192 query rows (4
-     * blocks of cpu.avx512's 48; 8 of cpu.avx2's 24, where 4 blocks made
-     * the copy and the per-block work twice the share of a row: long rows
-     * 0.94-0.98x the time with 8, short-key rows level, Zen 4,
-     * bench/results/2026-12-05-avx2-f32-rows-per-kv-ab-zen4.txt). The
-     * resident Q^T and O^T are then as many bytes as cpu.avx512's: 192 KB at
-     * D 128, inside a Zen 2/3 core's 512 KB L2 with a 128 KB K/V block. */
-    /* (cpu.avx2 sets TILED_F32_ROWS to 288 for a 512 KB L2: Q^T and O^T
-     * 288 KB at D 128, with the 128 KB K/V block.) */
-    const int f32_blocks = (TILED_F32_ROWS + BQ - 1) / BQ;
-    job jb = {c,
-              flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
-                               is_short ? 64 : c->k->dtype == SDPA_F32 ? f32_blocks : 8,
-                               is_short ? 2 : 4),
-              NULL};
-    const int qbs_kept = is_short  ? 1
-                         : sparse ? (SPARSE_ROWS + BQ - 1) / BQ
-                                  : jb.split.qb_per_task; /* resident query blocks */
-    const int64_t heads = d->B * d->Hq / jb.split.group; /* row spaces */
-    const size_t per_qb = (size_t)(2 * D * BQ + 2 * BQ);
-    /* under a key mask, room for the visible keys of a task (2 floats each) */
-    const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0;
-    const size_t row_room = ((size_t)D + 64 + 15) / 16 * 16; /* keeps what follows aligned */
-    const size_t tr_room = (size_t)(VL * d_padded(D));
-    const int64_t kbr = (kb + VL - 1) / VL * VL; /* V^T's rows: whole vectors of keys */
-    const size_t per = per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)((kb + kbr) * D) +
-                       row_room + tr_room + key_room;
-    /* tiles, then the per-thread descriptors, in the thread's scratch */
-    const size_t tiles = per * (size_t)workers * sizeof(float);
-    const size_t descs = ((size_t)workers * sizeof *jb.ws + 63) / 64 * 64;
-    const size_t n_qbs = (size_t)workers * (size_t)qbs_kept;
-    char *base = sdpa__scratch(tiles + descs + n_qbs * sizeof(qblock));
-    if (!base)
-        return sdpa__fail(SDPA_OUT_OF_MEMORY, "%s: cannot allocate %zu bytes of tiles",
-                          KERNEL_NAME, tiles + descs + n_qbs * sizeof(qblock));
-    float *mem = (float *)base;
-    jb.ws = (workspace *)(base + tiles);
-    qblock *qbs = (qblock *)(base + tiles + descs);
-    for (int t = 0; t < workers; t++) {
-        float *p = mem + per * (size_t)t;
-        workspace *w = &jb.ws[t];
-        w->qb = qbs + (size_t)t * (size_t)qbs_kept;
-        for (int q = 0; q < qbs_kept; q++) {
-            w->qb[q].qt = p, p += D * BQ;
-            w->qb[q].ot = p, p += D * BQ;
-            w->qb[q].m = p, p += BQ;
-            w->qb[q].l = p, p += BQ;
-        }
-        w->st = p, p += kb * BQ;
-        w->k = p, p += kb * D;
-        w->v = p, p += kbr * D;
-        w->row = p, p += row_room;
-        w->tr = p, p += tr_room;
-        w->keys = key_room ? (int64_t *)p : NULL;
-    }
-    if (sparse) {
-        const sdpa_block_map *m = c->mask->blocks;
-        sparse_job sj = {c, jb.ws, m ? m->block_q : SPARSE_BQ, 0, NULL, NULL, 0};
-        sj.n_qblocks = (d->Sq + sj.block_q - 1) / sj.block_q;
-        const sdpa_status st = sparse_order(&sj);
-        if (st == SDPA_OK)
-            sdpa__parallel_for(pool, sj.n_tasks, sparse_task_fn, &sj);
-        free(sj.order), free(sj.group);
-        sdpa__scratch_release(base);
-        return st;
-    }
-    sdpa__parallel_for(pool, heads * jb.split.tasks_per_head, is_short ? task_short_fn : task_fn,
-                       &jb);
-    sdpa__scratch_release(base);
-    return SDPA_OK;
 }

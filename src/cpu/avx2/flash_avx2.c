@@ -28,7 +28,7 @@
  * AVX-512 CPUs yet. */
 #define TILED_V_T
 
-#include "../flash_tiled.h"
+#include "../flash_run.h"
 
 /* The descriptor (backend.c) reaches the kernel through this. */
 sdpa_status sdpa__cpu_avx2_run(const sdpa_backend *self, const sdpa_call *call);

@@ -16,7 +16,7 @@
 #define MR 8
 #define KERNEL_NAME "cpu.avx512"
 
-#include "../flash_tiled.h"
+#include "../flash_run.h"
 
 /* The descriptor (backend.c) reaches the kernel through this. */
 sdpa_status sdpa__cpu_avx512_run(const sdpa_backend *self, const sdpa_call *call);

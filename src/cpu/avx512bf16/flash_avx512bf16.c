@@ -164,7 +164,7 @@ static inline void decode_pairs_order(float *o, int64_t Dp)
     }
 }
 
-#include "../flash_tiled.h"
+#include "../flash_run.h"
 
 /* The descriptor (backend.c) reaches the kernel through this. */
 sdpa_status sdpa__cpu_avx512bf16_run(const sdpa_backend *self, const sdpa_call *call);

@@ -19,7 +19,7 @@
 #define MR 8
 #define KERNEL_NAME "cpu.neon"
 
-#include "../flash_tiled.h"
+#include "../flash_run.h"
 
 /* The descriptor (backend.c) reaches the kernel through this. */
 sdpa_status sdpa__cpu_neon_run(const sdpa_backend *self, const sdpa_call *call);

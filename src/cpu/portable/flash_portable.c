@@ -21,7 +21,7 @@
 #define MR 4
 #define KERNEL_NAME "cpu.portable"
 
-#include "../flash_tiled.h"
+#include "../flash_run.h"
 
 /* The descriptor (backend.c) reaches the kernel through this. */
 sdpa_status sdpa__cpu_portable_run(const sdpa_backend *self, const sdpa_call *call);
