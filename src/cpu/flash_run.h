@@ -62,9 +62,12 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     const size_t key_room = c->mask && c->mask->key ? 2 * (size_t)d->Skv : 0;
     const size_t row_room = ((size_t)D + 64 + 15) / 16 * 16; /* keeps what follows aligned */
     const size_t tr_room = (size_t)(VL * d_padded(D));
-    const int64_t kbr = (kb + VL - 1) / VL * VL; /* V^T's rows: whole vectors of keys */
-    const size_t per = per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)((kb + kbr) * D) +
-                       row_room + tr_room + key_room;
+    /* K and V rooms of whole vectors of keys (V^T's rows, TILED_V_T), so
+     * that every room starts on a whole vector (keys: int64_t) and each
+     * thread's tiles on a cache line, whatever kb and D */
+    const int64_t kbr = (kb + VL - 1) / VL * VL;
+    const size_t per = (per_qb * (size_t)qbs_kept + (size_t)(kb * BQ) + (size_t)(2 * kbr * D) +
+                        row_room + tr_room + key_room + 15) / 16 * 16;
     /* tiles, then the per-thread descriptors, in the thread's scratch */
     const size_t tiles = per * (size_t)workers * sizeof(float);
     const size_t descs = ((size_t)workers * sizeof *jb.ws + 63) / 64 * 64;
@@ -87,7 +90,7 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
             w->qb[q].l = p, p += BQ;
         }
         w->st = p, p += kb * BQ;
-        w->k = p, p += kb * D;
+        w->k = p, p += kbr * D;
         w->v = p, p += kbr * D;
         w->row = p, p += row_room;
         w->tr = p, p += tr_room;

@@ -305,6 +305,15 @@ static void grid(const char *backend)
         c.layout = TL_STRIDED_NAN, c.dtype = (sdpa_dtype)(i % SDPA_DTYPE_COUNT);
         check_case(backend, &c);
     }
+    /* odd head dims against an odd count of keys on the short-key path: K
+     * and V rooms of kb x D floats once left what follows them in the
+     * tiles (a thread's descriptor, a key mask's int64 list) 4 bytes off */
+    static const int64_t odd_dims[] = {33, 47};
+    for (size_t i = 0; i < 2; i++) {
+        c = mk(1, 50, 77, 2, 2, odd_dims[i]);
+        c.dtype = (sdpa_dtype)(i + 1);
+        check_case(backend, &c);
+    }
     static const int64_t seqs[] = {1, 17, 129};
     for (size_t i = 0; i < 3; i++) /* odd sequence lengths */
         for (int causal = 0; causal <= 2; causal++) {
