@@ -34,7 +34,7 @@
  *   - where the values are finite, the backward pass of the same call
  *     (sdpa_backward from ref's out and LSE, a random dout) on every
  *     backend with one, against ref's gradients relative to their
- *     magnitude, refusals against sdpa_decide, guard bytes.
+ *     magnitude (at least dout's), refusals against sdpa_decide, guard bytes.
  * A failure aborts (libFuzzer keeps the input); ASan/UBSan watch the rest.
  * Run by scripts/test.sh for a bounded time over tests/fuzz/corpus/forward;
  * FUZZ_DEBUG=1 prints each input's call (to read a crash file's case).
@@ -148,7 +148,11 @@ static void fuzz_backward(const sdpa_tensor *t, const sdpa_tensor *out, const fl
     if (sdpa_backward(ctx, &t[0], &t[1], &t[2], out, lse, &tdo, NULL, &tw[0], &tw[1], &tw[2],
                       &p) != SDPA_OK)
         fail_here("the reference's backward failed", "ref", sdpa_last_error());
-    double scale = 0;
+    /* the gradients' magnitude, and at least dout's: dv's terms are P dO
+     * with P <= 1, so its rounding is relative to |dO| however much of the
+     * sum cancels (one key and 4 queries once summed 4 values of dO to 1e-4
+     * of their size; 3e-8 apart in f32 failed a bound of 1e-4 of that) */
+    double scale = max_abs_view(&tdo);
     for (int g = 0; g < 3; g++) {
         const double m = max_abs_view(&tw[g]);
         scale = m > scale ? m : scale;
