@@ -114,7 +114,7 @@ static inline __attribute__((always_inline)) void bwd_ukr(const int mr, const in
     vec acc[BWD_MR][BWD_NV];
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < nv; v++)
-            acc[i][v] = accumulate ? V_LOAD(c + i * ldc + v * VL) : V_ZERO();
+            acc[i][v] = V_ZERO(); /* a block's sum from zero, added to C once */
     for (int k = 0; k < K; k++) {
         vec bv[BWD_NV];
         for (int v = 0; v < nv; v++)
@@ -127,7 +127,8 @@ static inline __attribute__((always_inline)) void bwd_ukr(const int mr, const in
     }
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < nv; v++)
-            V_STORE(c + i * ldc + v * VL, acc[i][v]);
+            V_STORE(c + i * ldc + v * VL,
+                    accumulate ? V_ADD(V_LOAD(c + i * ldc + v * VL), acc[i][v]) : acc[i][v]);
 }
 
 /* Every row of one column panel of nv vectors: BWD_MR rows at a time, one

@@ -58,6 +58,16 @@
 #endif
 
 #define BQ (QV * VL)
+/* The most terms of one running sum in fp32: O^T's (the micro-kernel sums
+ * at most this many keys from zero and adds that to O^T) and l's (exp_rows).
+ * A sum's rounding grows with the sum, and O's running sum of every key is
+ * far larger than the output it leaves once V's signs cancel: as one
+ * running sum, rows of 3,520-8,192 keys were 1.1-1.7e-6 from float64 in
+ * relative L2 (uniform inputs), in sums of 128 keys 2.7-3.1e-7; the
+ * diffusion rows' max error 2.7-5.5e-6 of max |O|, now 4-7e-7 as PyTorch's
+ * (bench/results/2026-12-07-blocked-sums-zen3.txt). The cost: an add per
+ * SUM_STEPS products, level in time. */
+#define SUM_STEPS 128
 /* Query rows per task that share one copy of each f32 K/V block (the ISA
  * file may set its own: tiled_run) */
 #ifndef TILED_F32_ROWS
@@ -120,7 +130,7 @@ static inline __attribute__((always_inline)) void ukr(const int mr, const int qv
     vec acc[MR][QV];
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < qv; v++)
-            acc[i][v] = accumulate ? V_LOAD(c + i * BQ + v * VL) : V_ZERO();
+            acc[i][v] = V_ZERO(); /* a sum from zero, added to C once (SUM_STEPS) */
     for (int k = 0; k < K; k++) {
         bvec bv[QV];
         for (int v = 0; v < qv; v++)
@@ -133,7 +143,8 @@ static inline __attribute__((always_inline)) void ukr(const int mr, const int qv
     }
     for (int i = 0; i < mr; i++)
         for (int v = 0; v < qv; v++)
-            V_STORE(c + i * BQ + v * VL, acc[i][v]);
+            V_STORE(c + i * BQ + v * VL,
+                    accumulate ? V_ADD(V_LOAD(c + i * BQ + v * VL), acc[i][v]) : acc[i][v]);
     if (mx) /* the scores' column max, while they are in registers */
         for (int v = 0; v < qv; v++)
             for (int i = 0; i < mr; i++)
@@ -378,22 +389,32 @@ static inline vec exp_rows(float *st, int bk, int v, vec sc, vec neg, int exact)
      * unrounded product would leave a residue of 2^-24 |m| (softmax_tile) */
 #define SCALED_SHIFTED(x) (exact ? V_ADD(V_MUL_ROUNDED((x), sc), neg) : V_FMA((x), sc, neg))
     uint32_t *pt = (uint32_t *)st;
-    for (int j = 0; j < bk; j += 2) {
-        const vec lo = V_EXP_BF16(SCALED_SHIFTED(V_LOAD(st + (ptrdiff_t)j * BQ + v * VL)));
-        const vec hi =
-            j + 1 < bk ? V_EXP_BF16(SCALED_SHIFTED(V_LOAD(st + (ptrdiff_t)(j + 1) * BQ + v * VL)))
-                       : V_ZERO();
-        sum = V_ADD(sum, V_ADD(lo, hi));
-        PACK_PAIRS(pt + (ptrdiff_t)(j / 2) * BQ + v * VL, lo, hi);
+    for (int j0 = 0; j0 < bk; j0 += 2 * SUM_STEPS) { /* SUM_STEPS pairs per partial sum */
+        const int j1 = bk - j0 < 2 * SUM_STEPS ? bk : j0 + 2 * SUM_STEPS;
+        vec part = V_ZERO();
+        for (int j = j0; j < j1; j += 2) {
+            const vec lo = V_EXP_BF16(SCALED_SHIFTED(V_LOAD(st + (ptrdiff_t)j * BQ + v * VL)));
+            const vec hi = j + 1 < bk ? V_EXP_BF16(SCALED_SHIFTED(
+                                            V_LOAD(st + (ptrdiff_t)(j + 1) * BQ + v * VL)))
+                                      : V_ZERO();
+            part = V_ADD(part, V_ADD(lo, hi));
+            PACK_PAIRS(pt + (ptrdiff_t)(j / 2) * BQ + v * VL, lo, hi);
+        }
+        sum = V_ADD(sum, part);
     }
 #undef SCALED_SHIFTED
 #else
     (void)exact; /* fp32 products: s is already scaled, the FMA multiplies by 1 */
-    for (int j = 0; j < bk; j++) {
-        float *p = st + (ptrdiff_t)j * BQ + v * VL;
-        const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
-        V_STORE(p, e);
-        sum = V_ADD(sum, e);
+    for (int j0 = 0; j0 < bk; j0 += SUM_STEPS) {
+        const int j1 = bk - j0 < SUM_STEPS ? bk : j0 + SUM_STEPS;
+        vec part = V_ZERO();
+        for (int j = j0; j < j1; j++) {
+            float *p = st + (ptrdiff_t)j * BQ + v * VL;
+            const vec e = V_EXP(V_FMA(V_LOAD(p), sc, neg));
+            V_STORE(p, e);
+            part = V_ADD(part, e);
+        }
+        sum = V_ADD(sum, part);
     }
 #endif
     return sum;
@@ -727,11 +748,15 @@ static void values(const sdpa_call *c, const workspace *w, const kv_tile *t, con
 {
     const int64_t D = c->desc.D;
 #ifdef TILED_PAIRS
-    gemm_rows(qv, (int)D, (bk + 1) / 2, t->v, t->v_rs, t->v_cs, (const b_elem *)w->st, qb->ot,
-              accumulate, NULL);
+    const int steps = (bk + 1) / 2; /* pairs of keys */
 #else
-    gemm_rows(qv, (int)D, bk, t->v, t->v_rs, t->v_cs, w->st, qb->ot, accumulate, NULL);
+    const int steps = bk;
 #endif
+    for (int s0 = 0; s0 < steps; s0 += SUM_STEPS) { /* the short path's 129-512 keys: in parts */
+        const int n = steps - s0 < SUM_STEPS ? steps - s0 : SUM_STEPS;
+        gemm_rows(qv, (int)D, n, t->v + s0 * t->v_cs, t->v_rs, t->v_cs,
+                  (const b_elem *)w->st + (ptrdiff_t)s0 * BQ, qb->ot, accumulate || s0 > 0, NULL);
+    }
 }
 
 /* Whether the S^T tile of keys p0 .. p0 + bk for the query block at i0

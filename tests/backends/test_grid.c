@@ -288,9 +288,49 @@ static void nonfinite_cases(const char *backend, tl_case c)
     }
 }
 
+/*
+ * fp32 sums over many keys: a kernel with fp32 products whose output is one
+ * running sum of every key rounds in proportion to that sum, not to the
+ * output it leaves once v's signs cancel. 64 queries against 4,096 keys
+ * (D 128, uniform inputs): as one running sum, 1.1e-6 relative L2 from
+ * float64 (cpu.avx2 and cpu.portable before SUM_STEPS, flash_tiled.h); in
+ * sums of 128 keys 2.5-2.8e-7, cpu.blas 3.5e-7. The bound sits between.
+ * (Outside the quick run: it needs the reference.)
+ */
+static void long_sum_case(const char *backend)
+{
+    const sdpa_backend_info bi = info(backend);
+    if (bi.product_bits != 0 || (bi.dtypes && !(bi.dtypes & (1u << SDPA_F32))) ||
+        getenv("SDPA_TEST_QUICK"))
+        return;
+    const tl_case c = mk(1, 64, 4096, 1, 1, 128);
+    tl_problem p;
+    tl_output got, want;
+    if (!tl_problem_make(&p, &c) || !tl_output_make(&got, &p) || !tl_output_make(&want, &p)) {
+        CHECK(0, "long sums: out of memory");
+        return;
+    }
+    if (run(ctx2, backend, &p, &got) == SDPA_OK && run(ctx2, "ref", &p, &want) == SDPA_OK) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < c.Sq; i++)
+            for (int64_t d = 0; d < c.D; d++) {
+                const double w = tl_out_get(&want.t, 0, i, 0, d);
+                const double e = tl_out_get(&got.t, 0, i, 0, d) - w;
+                num += e * e, den += w * w;
+            }
+        const double rel = sqrt(num / den);
+        CHECK(rel <= 6e-7, "%s, 64 queries x 4096 keys, f32: relative L2 error %.3g > 6e-7 "
+              "(one running sum of every key?)", backend, rel);
+    } else {
+        CHECK(0, "%s long sums: %s", backend, sdpa_last_error());
+    }
+    tl_output_free(&got), tl_output_free(&want), tl_problem_free(&p);
+}
+
 static void grid(const char *backend)
 {
     printf("== %s\n", backend);
+    long_sum_case(backend);
     static const int64_t dims[] = {32, 64, 72, 80, 96, 128, 256};
     tl_case c;
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++) { /* every head dim */
