@@ -69,7 +69,7 @@
  * SUM_STEPS products, level in time. */
 #define SUM_STEPS 128
 /* Query rows per task that share one copy of each f32 K/V block (the ISA
- * file may set its own: tiled_run) */
+ * file may set its own: flash_run.h's tiled_run) */
 #ifndef TILED_F32_ROWS
 #define TILED_F32_ROWS 192
 #endif
@@ -864,7 +864,7 @@ static void softmax_full(float *st, int bk, const qblock *qb, int qv, const vec 
 }
 
 /*
- * Short key ranges (all of K and V fit in cache, SHORT_KEYS): K/V are
+ * Short key ranges (all of K and V fit in cache, flash_run.h's SHORT_KEYS): K/V are
  * packed once per task, and each of its many query blocks runs the whole
  * key range in one piece: scores, one softmax with no running rescale,
  * O^T = V^T P^T written (not accumulated), stored.

@@ -338,7 +338,7 @@ static void grid(const char *backend)
         check_case(backend, &c);
         c.causal = SDPA_CAUSAL_TOP_LEFT, c.layout = TL_BHSD, c.dtype = SDPA_BF16;
         check_case(backend, &c);
-        /* past the tiled kernels' short-key path (flash_tiled.h SHORT_KEYS):
+        /* past the tiled kernels' short-key path (flash_run.h SHORT_KEYS):
          * key blocks with a running softmax; NaN after every row's D
          * elements (packing reads no further) */
         c = mk(1, 50, 600, 2, 1, dims[i]);
