@@ -867,7 +867,7 @@ static void softmax_full(float *st, int bk, const qblock *qb, int qv, const vec 
  * Short key ranges (all of K and V fit in cache, flash_run.h's SHORT_KEYS): K/V are
  * packed once per task, and each of its many query blocks runs the whole
  * key range in one piece: scores, one softmax with no running rescale,
- * O^T = V^T P^T written (not accumulated), stored.
+ * O^T = V^T P^T written (over 128 keys: its parts added), stored.
  */
 static void task_short_fn(void *arg, int64_t task, int worker)
 {
