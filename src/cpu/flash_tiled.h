@@ -231,6 +231,28 @@ static inline int64_t tile_words_padded(int64_t D) { return (tile_words(D) + VL 
 /* D rounded up to whole VL x VL blocks: the row length of w->tr. */
 static inline int64_t d_padded(int64_t D) { return (D + VL - 1) / VL * VL; }
 
+#ifndef TILED_PAIRS
+/* n <= VL f32 rows of D floats (unit stride) times scale as columns:
+ * dst[d * ld + r] for d < D, r < VL (zeros past n), VL x VL in registers,
+ * a row's last part masked. Q^T's rows (load_q) and V^T's (load_vt). */
+static inline void rows_to_columns(const float *const *src, int n, int64_t D, float scale,
+                                   float *dst, ptrdiff_t ld)
+{
+    const vec s = V_SET1(scale);
+    for (int64_t d0 = 0; d0 < D; d0 += VL) {
+        const int nd = D - d0 < VL ? (int)(D - d0) : VL; /* a last part of the row */
+        vec x[VL];
+        for (int r = 0; r < VL; r++)
+            x[r] = r >= n      ? V_ZERO()
+                   : nd == VL ? V_MUL(V_LOAD(src[r] + d0), s)
+                              : V_MUL(V_LOAD_PART(src[r] + d0, nd), s);
+        V_TRANSPOSE_REGS(x);
+        for (int j = 0; j < nd; j++)
+            V_STORE(dst + (d0 + j) * ld, x[j]);
+    }
+}
+#endif
+
 /*
  * Rows i0 .. i0 + rows of the task's row space (flash_row) into Q^T: VL
  * rows at a time are converted into w->tr (one row of tile_words_padded
@@ -258,18 +280,7 @@ static void load_q(const sdpa_call *c, const workspace *w, const qblock *qb,
                 flash_row(tk, i0 + r0 + r, &h, &qi);
                 src[r] = (const float *)q->data + sdpa__offset(q, tk->b, qi, h, 0);
             }
-            const vec scale = V_SET1((float)c->scale);
-            for (int64_t d0 = 0; d0 < D; d0 += VL) {
-                const int nd = D - d0 < VL ? (int)(D - d0) : VL; /* a last part of the row */
-                vec x[VL];
-                for (int r = 0; r < VL; r++)
-                    x[r] = r >= n ? V_ZERO()
-                           : nd == VL ? V_MUL(V_LOAD(src[r] + d0), scale)
-                                      : V_MUL(V_LOAD_PART(src[r] + d0, nd), scale);
-                V_TRANSPOSE_REGS(x);
-                for (int j = 0; j < nd; j++)
-                    V_STORE(qb->qt + (d0 + j) * BQ + r0, x[j]);
-            }
+            rows_to_columns(src, n, D, (float)c->scale, qb->qt + r0, BQ);
             continue;
         }
 #endif
@@ -568,17 +579,7 @@ static void load_vt(const sdpa_call *c, const workspace *w, const flash_task *tk
             for (int r = 0; r < n; r++)
                 src[r] = (const float *)v->data +
                          sdpa__offset(v, tk->b, flash_key(keys, p0 + j0 + r), tk->hk, 0);
-            for (int64_t d0 = 0; d0 < D; d0 += VL) {
-                const int nd = D - d0 < VL ? (int)(D - d0) : VL; /* a last part of the row */
-                vec x[VL];
-                for (int r = 0; r < VL; r++)
-                    x[r] = r >= n      ? V_ZERO()
-                           : nd == VL ? V_LOAD(src[r] + d0)
-                                      : V_LOAD_PART(src[r] + d0, nd);
-                V_TRANSPOSE_REGS(x);
-                for (int e = 0; e < nd; e++)
-                    V_STORE(w->v + (d0 + e) * ldv + j0, x[e]);
-            }
+            rows_to_columns(src, n, D, 1.0f, w->v + j0, ldv); /* x 1: exact */
             continue;
         }
         for (int r = 0; r < VL; r++) {
