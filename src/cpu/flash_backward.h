@@ -142,7 +142,7 @@ static inline __attribute__((always_inline)) void bwd_panel(const int nv, int M,
     int i = 0;
     for (; i + BWD_MR <= M; i += BWD_MR) {
         /* the next rows' accumulators asked for now: a call of the
-         * micro-kernel starts by loading them, and dQ's come from L2 or
+         * micro-kernel ends by adding to them, and dQ's come from L2 or
          * beyond (its rows are the task's, streamed once per key block) */
         if (accumulate && i + 2 * BWD_MR <= M)
             for (int r = BWD_MR; r < 2 * BWD_MR; r++)
