@@ -23,7 +23,10 @@ repeated inside one timing so that each timing lasts about 20 ms; the
 figures are medians of --reps rounds. GFLOP/s = 4 B Hq Sq Skv D / time
 (halved for causal Sq == Skv; padded rows count their real keys, and run
 unpadded here: the peers take no masks). Ceilings (libsdpa's fp32 FMA and
-VDPBF16PS probes) are measured at the start of the run, best of three.
+VDPBF16PS probes) are measured at the start of the run, best of three
+(%peak), and again as one more turn of each row's rotation (%row: of the
+median of those; a probe of registers only, so it shows the FMA units
+taken away, not a neighbour's use of the caches).
 
 Every contender's first output is checked against torch's float64 SDPA on
 the first query head; a contender off by more than its dtype allows is
@@ -251,6 +254,10 @@ def backward_arms(peers, q, k, v, dims, bf16, T, outs):
     return arms, chosen, (g0 if not gqa else g0[:1])
 
 
+PROBE = object()  # the ceiling probes' turn in a row's rotation
+UNIT_TITLE = {"fp32": "fp32 FMA", "avx512bf16": "VDPBF16PS", "amx-bf16": "TDPBF16PS"}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lib", required=True, help="libsdpa_peers.so (built by CMake)")
@@ -317,8 +324,14 @@ def main(argv=None):
     if a.backward:
         print("# backward pass: dq, dk, dv from dout, out and the LSE; GFLOP/s = 10 B Hq Sq "
               "Skv D / time (five products); torch: torch.autograd.grad of its SDPA")
+    # the units a contender's products run on, probed again during each row
+    probe_units = [u for u in ("fp32", "avx512bf16", "amx-bf16") if ceilings[u] > 0
+                   and (u == "fp32" or u in unit.values() or (bf16 and u == peer_bf16_unit))]
+    print("# %row: of the same ceiling probed between the row's repetitions (its median; "
+          "on a shared host the units' speed drifts), %peak: of the run's best")
     print(f"{'row':22} {'Hq':>3} {'contender':24} {'median_ms':>10} {'GFLOP/s':>8} {'%peak':>6} "
-          f"{'maxrel':>8}")
+          f"{'%row':>6} {'maxrel':>8}")
+    share = []
     wanted = set(a.rows.split(",")) if a.rows else None
     summary, wrong = [], []
     for r in read_suite(a.suite):
@@ -343,12 +356,24 @@ def main(argv=None):
         one = {n: max(arms[n](1), 1e-6) for n in arms}
         calls = {n: 1 if a.cold else max(1, min(1000, int(0.02 / one[n]))) for n in arms}
         t = {n: [] for n in arms}
+        # The ceiling probes take a turn in the same rotation: on a shared
+        # host the FMA units' speed drifts over seconds (a busy sibling
+        # thread), so each row's figures also get a ceiling measured while
+        # that row ran (%row; each probe is a best of five, which keeps
+        # %row on the low side). %peak stays against the run's best.
+        slots = names + [PROBE]
+        row_ceil = {u: [] for u in probe_units}
         for rep in range(a.reps):
-            for i in range(len(names)):
-                n = names[(i + rep) % len(names)]
+            for i in range(len(slots)):
+                n = slots[(i + rep) % len(slots)]
+                if n is PROBE:
+                    for u in probe_units:
+                        row_ceil[u].append(L.peers_ceiling(u.encode(), T))
+                    continue
                 if flush is not None:
                     flush.sum()
                 t[n].append(arms[n](calls[n]) * 1e3)
+        row_pk = {u: statistics.median(v) for u, v in row_ceil.items()}
         flops = (10.0 if a.backward else 4.0) * B * Hq * Sq * Skv * D
         med = {n: statistics.median(v) for n, v in t.items()}
         bad = set()
@@ -364,10 +389,17 @@ def main(argv=None):
             gf = flops / (med[n] * 1e6)
             u = unit.get(chosen if n == "libsdpa" else n,
                          peer_bf16_unit if n in ("torch", "onednn") and bf16 else "fp32")
-            pk = ceilings[u] if ceilings[u] > 0 else ceil
+            if ceilings[u] <= 0:
+                u = "fp32"
             label = f"libsdpa ({chosen})" if n == "libsdpa" else n
-            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} {100 * gf / pk:5.1f}% "
+            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} "
+                  f"{100 * gf / ceilings[u]:5.1f}% {100 * gf / row_pk[u]:5.1f}% "
                   f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))
+            if n == "libsdpa":
+                share.append((r, 100 * gf / ceilings[u], 100 * gf / row_pk[u]))
+        print(f"{r['name']:22}     ceiling during the row: " + ", ".join(
+            f"{UNIT_TITLE[u]} median {row_pk[u]:.0f} GFLOP/s ({min(row_ceil[u]):.0f}-"
+            f"{max(row_ceil[u]):.0f})" for u in probe_units))
         wrong += [f"{r['name']} ({n})" for n in sorted(bad)]
         ok_peers = [n for n in ("torch", "openblas", "onednn") if n in med and n not in bad]
         # regret: the chosen backend's own arm against the fastest backend
@@ -388,6 +420,12 @@ def main(argv=None):
     for name, chosen, ratios, best, regret in summary:
         print(f"# {name:22} {chosen:15} " + " ".join(f"{n} {v:5.2f}x" for n, v in ratios.items())
               + f"  regret {100 * regret:+5.1f}% (fastest {best})")
+    long_ = [(pk, rw) for r, pk, rw in share if r["Sq"] >= 2000 and r["Skv"] >= 2000]
+    if long_:
+        print(f"# the choice on long rows (Sq, Skv >= 2000): {min(p for p, _ in long_):.1f}-"
+              f"{max(p for p, _ in long_):.1f}% of the run's best ceiling, "
+              f"{min(w for _, w in long_):.1f}-{max(w for _, w in long_):.1f}% of the ceiling "
+              "probed during each row")
     behind = [(n, p) for n, _, rt, _, _ in summary for p, v in rt.items() if v < 1.0]
     print("# rows where a peer is faster: " +
           (", ".join(f"{n} ({p})" for n, p in behind) if behind else "none"))
