@@ -46,8 +46,19 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
      * resident Q^T and O^T are then as many bytes as cpu.avx512's: 192 KB at
      * D 128, inside a Zen 2/3 core's 512 KB L2 with a 128 KB K/V block. */
     /* (cpu.avx2 sets TILED_F32_ROWS to 288 for a 512 KB L2: Q^T and O^T
-     * 288 KB at D 128, with the 128 KB K/V block.) */
-    const int f32_blocks = (TILED_F32_ROWS + BQ - 1) / BQ;
+     * 288 KB at D 128, with the 128 KB K/V block; and TILED_F32_QO_BYTES
+     * to those 288 KB, so that a smaller D gets more rows.) */
+#ifdef TILED_F32_QO_BYTES
+    /* as many rows as TILED_F32_QO_BYTES of Q^T and O^T hold (8 D bytes a
+     * row), from TILED_F32_ROWS up to 4 times it */
+    const int64_t qo_rows = TILED_F32_QO_BYTES / (8 * D);
+    const int f32_rows = qo_rows < TILED_F32_ROWS       ? TILED_F32_ROWS
+                         : qo_rows > 4 * TILED_F32_ROWS ? 4 * TILED_F32_ROWS
+                                                        : (int)qo_rows;
+#else
+    const int f32_rows = TILED_F32_ROWS;
+#endif
+    const int f32_blocks = (f32_rows + BQ - 1) / BQ;
     job jb = {c,
               flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),
                                is_short ? 64 : c->k->dtype == SDPA_F32 ? f32_blocks : 8,

@@ -20,6 +20,13 @@
  * the copy, bench/results/2026-12-07-avx2-kv-copy-ab-zen3.txt. Not tried
  * on cpu.avx512 yet: it keeps 192 rows and the plain copy. */
 #define TILED_F32_ROWS 288
+/* Below D 128 the rows that the same bytes of Q^T and O^T hold (576 at D
+ * 64, 512 at D 72): a K/V block's copy then serves twice the rows there.
+ * D 64/72 rows of 4-10 heads 0.92-0.98x the time in two of three runs of
+ * 15-21 pairs (0.97-1.03x in the first; D 128, the same code, 0.99-1.02x),
+ * outputs bitwise the same; Zen 3,
+ * bench/results/2026-12-07-avx2-rows-by-bytes-ab-zen3.txt. */
+#define TILED_F32_QO_BYTES (288 * 8 * 128)
 #define TILED_KV_AHEAD 3
 /* V copied as V^T (flash_tiled.h's load_vt): P V reads 4 rows of V^T in
  * turn instead of 16 bytes of each of 128 key rows. Cross rows 0.92-0.98x
