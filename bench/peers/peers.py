@@ -24,9 +24,10 @@ figures are medians of --reps rounds. GFLOP/s = 4 B Hq Sq Skv D / time
 (halved for causal Sq == Skv; padded rows count their real keys, and run
 unpadded here: the peers take no masks). Ceilings (libsdpa's fp32 FMA and
 VDPBF16PS probes) are measured at the start of the run, best of three
-(%peak), and again as one more turn of each row's rotation (%row: of the
-median of those; a probe of registers only, so it shows the FMA units
-taken away, not a neighbour's use of the caches).
+(%peak), and again as one more turn of each row's rotation (%row: each
+round's timing over that round's probe, the median over the rounds; a
+probe of registers only, so it shows the FMA units taken away, not a
+neighbour's use of the caches).
 
 Every contender's first output is checked against torch's float64 SDPA on
 the first query head; a contender off by more than its dtype allows is
@@ -327,8 +328,9 @@ def main(argv=None):
     # the units a contender's products run on, probed again during each row
     probe_units = [u for u in ("fp32", "avx512bf16", "amx-bf16") if ceilings[u] > 0
                    and (u == "fp32" or u in unit.values() or (bf16 and u == peer_bf16_unit))]
-    print("# %row: of the same ceiling probed between the row's repetitions (its median; "
-          "on a shared host the units' speed drifts), %peak: of the run's best")
+    print("# %peak: of the run's best ceiling; %row: of the same ceiling probed in each round "
+          "of the row (a round runs every contender once), the median over its rounds (on a "
+          "shared host the units' speed drifts)")
     print(f"{'row':22} {'Hq':>3} {'contender':24} {'median_ms':>10} {'GFLOP/s':>8} {'%peak':>6} "
           f"{'%row':>6} {'maxrel':>8}")
     share = []
@@ -358,9 +360,10 @@ def main(argv=None):
         t = {n: [] for n in arms}
         # The ceiling probes take a turn in the same rotation: on a shared
         # host the FMA units' speed drifts over seconds (a busy sibling
-        # thread), so each row's figures also get a ceiling measured while
-        # that row ran (%row; each probe is a best of five, which keeps
-        # %row on the low side). %peak stays against the run's best.
+        # thread), so each round's timings are also taken against the probe
+        # of that round (%row: the median over the rounds; each probe is a
+        # best of five, which keeps %row on the low side). %peak stays
+        # against the run's best.
         slots = names + [PROBE]
         row_ceil = {u: [] for u in probe_units}
         for rep in range(a.reps):
@@ -375,6 +378,11 @@ def main(argv=None):
                 t[n].append(arms[n](calls[n]) * 1e3)
         row_pk = {u: statistics.median(v) for u, v in row_ceil.items()}
         flops = (10.0 if a.backward else 4.0) * B * Hq * Sq * Skv * D
+
+        def pct_row(n, u):
+            """n's GFLOP/s over unit u's probe in the same round, the median over rounds"""
+            return statistics.median(100 * flops / (ms * 1e6) / g
+                                     for ms, g in zip(t[n], row_ceil[u]))
         med = {n: statistics.median(v) for n, v in t.items()}
         bad = set()
         # relative to the largest reference value over everything checked
@@ -393,10 +401,10 @@ def main(argv=None):
                 u = "fp32"
             label = f"libsdpa ({chosen})" if n == "libsdpa" else n
             print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} "
-                  f"{100 * gf / ceilings[u]:5.1f}% {100 * gf / row_pk[u]:5.1f}% "
+                  f"{100 * gf / ceilings[u]:5.1f}% {pct_row(n, u):5.1f}% "
                   f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))
             if n == "libsdpa":
-                share.append((r, 100 * gf / ceilings[u], 100 * gf / row_pk[u]))
+                share.append((r, 100 * gf / ceilings[u], pct_row(n, u)))
         print(f"{r['name']:22}     ceiling during the row: " + ", ".join(
             f"{UNIT_TITLE[u]} median {row_pk[u]:.0f} GFLOP/s ({min(row_ceil[u]):.0f}-"
             f"{max(row_ceil[u]):.0f})" for u in probe_units))
