@@ -400,11 +400,11 @@ def main(argv=None):
             if ceilings[u] <= 0:
                 u = "fp32"
             label = f"libsdpa ({chosen})" if n == "libsdpa" else n
-            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} "
-                  f"{100 * gf / ceilings[u]:5.1f}% {pct_row(n, u):5.1f}% "
+            pk, rw = 100 * gf / ceilings[u], pct_row(n, u)
+            print(f"{r['name']:22} {Hq:3} {label:24} {med[n]:10.4g} {gf:8.1f} {pk:5.1f}% {rw:5.1f}% "
                   f"{err:8.1e}" + ("  WRONG: left out" if n in bad else ""))
             if n == "libsdpa":
-                share.append((r, 100 * gf / ceilings[u], pct_row(n, u)))
+                share.append((r, pk, rw))
         print(f"{r['name']:22}     ceiling during the row: " + ", ".join(
             f"{UNIT_TITLE[u]} median {row_pk[u]:.0f} GFLOP/s ({min(row_ceil[u]):.0f}-"
             f"{max(row_ceil[u]):.0f})" for u in probe_units))
@@ -433,7 +433,7 @@ def main(argv=None):
         print(f"# the choice on long rows (Sq, Skv >= 2000): {min(p for p, _ in long_):.1f}-"
               f"{max(p for p, _ in long_):.1f}% of the run's best ceiling, "
               f"{min(w for _, w in long_):.1f}-{max(w for _, w in long_):.1f}% of the ceiling "
-              "probed during each row")
+              "probed in each round (%row)")
     behind = [(n, p) for n, _, rt, _, _ in summary for p, v in rt.items() if v < 1.0]
     print("# rows where a peer is faster: " +
           (", ".join(f"{n} ({p})" for n, p in behind) if behind else "none"))
