@@ -52,17 +52,19 @@
  * BWD_BQ (query rows per block), BWD_BK (keys per block, a multiple of
  * VL), BWD_NAME.
  *
- * Or BWD_TILES (cpu.amx: amx/backward_amx.h), BWD_BQ 32 or 64, BWD_BK a
- * multiple of 32:
- * the five products on bf16 operands with fp32 sums (w->qs then holds q
- * unscaled), by the includer's
- * bwd_tiles_* functions (declared below, defined after the include), and
- * BWD_TASK_START() / BWD_TASK_END() around each task (the tile
+ * Or BWD_TILES (cpu.amx: amx/backward_amx.h, included before this file),
+ * BWD_BQ 32 or 64, BWD_BK a multiple of 32: the five products on bf16
+ * operands with fp32 sums (w->qs then holds q unscaled), by the
+ * includer's type bwd_tiles (its operands, one per worker: bwd_work's t)
+ * and functions bwd_tiles_floats and bwd_tiles_lay (their room and
+ * layout), bwd_tiles_clear_rows, bwd_tiles_pack_row and
+ * bwd_tiles_transpose_rows (a task's rows), bwd_tiles_pack_keys (a key
+ * block's), bwd_tiles_scores (S and dP) and bwd_tiles_grads (dV^T, dK^T,
+ * dQ), and BWD_TASK_START() / BWD_TASK_END() around each task (the tile
  * configuration). Everything else (the split, masks, the softmax in fp32,
- * the stores) is this file's, as for the vector kernels. The bf16 copies
- * of a task's rows and of a key block live beside the f32 ones (bwd_work);
- * products read 32 rows from a block's first, so buffers of rows have 32
- * more, zero, rows at their end.
+ * the stores) is this file's, as for the vector kernels; the tiles'
+ * products read 32 rows from a block's first, so their row buffers have
+ * BWD_BQ more, zero, rows at their end (BWD_ROWS_PAD).
  */
 #include "../core/convert.h"
 #include "flash_tasks.h"
@@ -251,14 +253,8 @@ typedef struct bwd_work {
     float *row;          /* [Dp]       a row on its way in or out       */
     uint8_t *qmark;      /* [map q_blocks] those listing the key block  */
     int64_t *keys;       /* [Skv]      visible keys under a key mask    */
-#ifdef BWD_TILES /* bf16 operands: BWD_BQ rows more than the task's, zero past the real ones */
-    uint16_t *qb, *db;   /* [rs][Dt]   q (unscaled), dO rows (A of S, dP)       */
-    uint16_t *qt, *dt;   /* [Dp][rs]   qs^T, dO^T (A of dK^T, dV^T)             */
-    uint16_t *ktp, *vtp; /* [Dt/2][BK][2] K^T, V^T, pairs of head dims (B of S, dP) */
-    uint16_t *kp;        /* [BK/2][Dp][2] K, pairs of keys (B of dQ)            */
-    uint16_t *pp, *dsp;  /* [BQ/2][BK][2] P, dS, pairs of rows (B of dV^T, dK^T) */
-    uint16_t *dsr;       /* [BQ][BK]   dS rows (A of dQ)                        */
-    int64_t Dt, rs;      /* D rounded up to 32; chunk rows + BWD_BQ           */
+#ifdef BWD_TILES
+    bwd_tiles t;         /* the includer's bf16 operands */
 #endif
 } bwd_work;
 
@@ -287,21 +283,6 @@ static size_t bwd_part_floats(const bwd_split *sp, const sdpa_call_desc *d)
     return (size_t)(sp->by_rows ? 2 * d->Skv * sp->Dp : (sp->rows + BWD_ROWS_PAD) * sp->Dp);
 }
 
-#ifdef BWD_TILES
-/* The includer's (the tiles): a real row's bf16 copies (row rr of the
- * task, qs and dout of Dp floats), and the transposes of the task's n
- * rows once they are all there; a key block's (from kt, vt and kr, its
- * bk keys); the block's S and dP (into w->s, w->dp); and its gradients
- * from P (w->s) and dS (w->dp) of nr rows: dV^T, dK^T, and dQ at dq. */
-static void bwd_tiles_pack_row(const bwd_work *w, int64_t rr, const float *qs,
-                               const float *dout, int64_t Dp);
-static void bwd_tiles_transpose_rows(const bwd_work *w, int64_t n, int64_t Dp);
-static void bwd_tiles_pack_keys(const bwd_work *w, int bk, int64_t D, int64_t Dp);
-static void bwd_tiles_scores(const bwd_work *w, int64_t r0, int kc, float scale);
-static void bwd_tiles_grads(const bwd_work *w, int64_t Dp, int64_t r0, int nr, int kc, float *dq,
-                            float scale);
-#endif
-
 /* Packs the task's real rows r_lo .. r_hi of its row space (buffers
  * indexed from r_lo): qs = scale q, dO, the LSE (+inf where the forward
  * saw no key, so that P = 0 there), Di = dO . O minus the LSE's gradient. */
@@ -310,10 +291,8 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
 {
     const sdpa_call_desc *d = &c->desc;
     const int64_t D = d->D, Dp = sp->Dp, G = d->Hq / d->Hkv;
-#ifdef BWD_TILES /* padding rows are read by the products: zeros (P and dS are 0 there) */
-    memset(w->qb, 0, sizeof(uint16_t) * (size_t)((r_hi - r_lo + BWD_ROWS_PAD) * w->Dt));
-    memset(w->db, 0, sizeof(uint16_t) * (size_t)((r_hi - r_lo + BWD_ROWS_PAD) * w->Dt));
-    memset(w->qt, 0, sizeof(uint16_t) * (size_t)(2 * Dp * w->rs)); /* qt, then dt */
+#ifdef BWD_TILES
+    bwd_tiles_clear_rows(&w->t, r_hi - r_lo, Dp);
 #endif
     for (int64_t r = r_lo; r < r_hi; r++) {
         const int64_t h = hk * G + r / d->Sq, i = r % d->Sq;
@@ -340,7 +319,7 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
         for (int e = 0; e < VL; e++)
             di += lanes[e];
 #ifdef BWD_TILES
-        bwd_tiles_pack_row(w, r - r_lo, qs, dout, Dp);
+        bwd_tiles_pack_row(&w->t, r - r_lo, qs, dout, Dp);
 #endif
         const int64_t at = (b * d->Hq + h) * d->Sq + i;
         const float l = c->lse[at];
@@ -349,7 +328,7 @@ static void bwd_pack_rows(const sdpa_call *c, const bwd_work *w, const bwd_split
         w->di[r - r_lo] = c->dlse ? di - c->dlse[at] : di;
     }
 #ifdef BWD_TILES
-    bwd_tiles_transpose_rows(w, r_hi - r_lo, Dp);
+    bwd_tiles_transpose_rows(&w->t, r_hi - r_lo, Dp);
 #endif
 }
 
@@ -379,7 +358,7 @@ static void bwd_pack_keys(const sdpa_call *c, const bwd_work *w, const bwd_split
         }
     }
 #ifdef BWD_TILES
-    bwd_tiles_pack_keys(w, bk, D, Dp);
+    bwd_tiles_pack_keys(&w->t, w->kt, w->vt, w->kr, bk, D, Dp);
 #endif
 }
 
@@ -459,7 +438,7 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
     const int64_t Dp = sp->Dp;
     const int kc = BWD_KEY_COLS(bk); /* the score columns computed */
 #ifdef BWD_TILES /* S and dP */
-    bwd_tiles_scores(w, r0, kc, (float)c->scale);
+    bwd_tiles_scores(&w->t, w->s, w->dp, r0, kc, (float)c->scale);
 #else
     const int64_t D = c->desc.D;
     const float *qs = w->qs + r0 * Dp, *dout = w->dout + r0 * Dp;
@@ -492,7 +471,7 @@ static void bwd_tile(const sdpa_call *c, const bwd_work *w, const bwd_split *sp,
             V_STORE(dp + j, V_MUL(V_LOAD(p + j), V_SUB(V_LOAD(dp + j), di)));
     }
 #ifdef BWD_TILES /* dV^T, dK^T and dQ (K's pad keys are zero) */
-    bwd_tiles_grads(w, Dp, r0, nr, kc, dq, (float)c->scale);
+    bwd_tiles_grads(&w->t, w->s, w->dp, w->dvt, w->dkt, Dp, r0, nr, kc, dq, (float)c->scale);
 #else
     /* dK^T += qs^T dS */
     bwd_gemm((int)D, kc, nr, qs, 1, Dp, w->dp, BWD_BK, w->dkt, BWD_BK, 1);
@@ -748,11 +727,8 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
     const int keys_split = sp->chunks > 1 && !sp->by_rows; /* dQ lives in the parts */
     const sdpa_block_map *map = c->mask ? c->mask->blocks : NULL;
     const size_t marks = map ? (size_t)(map->q_blocks + 3) / 4 : 0; /* floats of qmark bytes */
-#ifdef BWD_TILES /* bf16: qb, db, qt, dt; ktp, vtp, kp; pp, dsp, dsr (2 to a float) */
-    /* rs even: qt and dt are written two rows (a 32-bit word) at a time */
-    const int64_t Dt = (D + 31) / 32 * 32, rs = (rows + BWD_ROWS_PAD + 1) / 2 * 2;
-    const size_t tiles = (size_t)(rs * Dt + rs * Dp + Dt * BWD_BK + BWD_BK * Dp / 2 +
-                                  3 * BWD_BQ * BWD_BK / 2 + 64);
+#ifdef BWD_TILES /* the bf16 operands, laid out by the includer */
+    const size_t tiles = bwd_tiles_floats(D, Dp, rows);
 #else
     const size_t tiles = 0;
 #endif
@@ -808,18 +784,7 @@ static sdpa_status tiled_backward(const sdpa_backend *self, const sdpa_call *c)
         w->keys = c->mask && c->mask->key ? (int64_t *)p : NULL;
         p += c->mask && c->mask->key ? 2 * d->Skv : 0;
 #ifdef BWD_TILES
-        uint16_t *h = (uint16_t *)p;
-        w->Dt = Dt, w->rs = rs;
-        w->qb = h, h += rs * Dt;
-        w->db = h, h += rs * Dt;
-        w->qt = h, h += Dp * rs;
-        w->dt = h, h += Dp * rs;
-        w->ktp = h, h += Dt * BWD_BK;
-        w->vtp = h, h += Dt * BWD_BK;
-        w->kp = h, h += BWD_BK * Dp;
-        w->pp = h, h += BWD_BQ * BWD_BK;
-        w->dsp = h, h += BWD_BQ * BWD_BK;
-        w->dsr = h, h += BWD_BQ * BWD_BK;
+        bwd_tiles_lay(&w->t, p, D, Dp, rows);
 #endif
     }
     sdpa__parallel_for(c->pool, d->B * d->Hkv * sp->chunks, bwd_task, &jb);

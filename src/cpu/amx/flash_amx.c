@@ -1460,9 +1460,24 @@ sdpa_status AMX_RUN_SYMBOL(const sdpa_backend *self, const sdpa_call *call)
     return amx_run(self, call);
 }
 
-/* The backward pass (not in the build that times the forward without tiles) */
+/* The backward pass (not in the build that times the forward without
+ * tiles): the vector kernels' framework with the products on tiles. */
 #ifndef SDPA_AMX_NO_TILES
 #include "backward_amx.h"
+#include "../flash_backward.h"
+
+#ifndef AMX_BACKWARD_SYMBOL
+#define AMX_BACKWARD_SYMBOL sdpa__cpu_amx_backward
+#endif
+/* The descriptor (backend.c, or the tests' emulated one) reaches the
+ * backward pass through this. */
+sdpa_status AMX_BACKWARD_SYMBOL(const sdpa_backend *self, const sdpa_call *call);
+sdpa_status AMX_BACKWARD_SYMBOL(const sdpa_backend *self, const sdpa_call *call)
+{
+    const sdpa_status st = tiled_backward(self, call);
+    amx_tiles_drop(); /* the calling thread's; the workers' go when they idle */
+    return st;
+}
 #endif
 
 #if !defined(SDPA_AMX_EMULATE) && !defined(SDPA_AMX_NO_TILES)
