@@ -87,19 +87,7 @@ struct sdpa_backend {
 /* The float64 oracle, which tests' scripted backends wrap. */
 extern const sdpa_backend sdpa__backend_ref;
 
-/* The built-in table (NULL-terminated), src/dispatch/registry.c. */
-extern const sdpa_backend *const sdpa__builtin_backends[];
-
-/*
- * Can `b` run the call described by `d` on platform `p`? Checks device,
- * platform requirements, the capability table, then b->check. Returns 1, or
- * 0 with a short reason in why ("head_dim 72 not a multiple of 32").
- */
-int sdpa__backend_accepts(const sdpa_backend *b, const sdpa_platform *p,
-                          const sdpa_call_desc *d, char *why, size_t n);
-
-/* Can `b` run on this machine? 1, or 0 with the reason. */
-int sdpa__backend_present(const sdpa_backend *b, const sdpa_platform *host, char *why,
-                          size_t n);
+/* The built-in table and the acceptance check over this interface are the
+ * dispatcher's: src/dispatch/registry.h. */
 
 #endif

@@ -2,7 +2,7 @@
  * context.h - the context (struct sdpa_context) and the lookups in it that
  * lookup.c implements. What the other dispatcher files offer is declared
  * in headers named for them: decide.h, guard.h, rule_files.h, policy.h,
- * environment.h, decision_cache.h, cuda_loader.h.
+ * environment.h, decision_cache.h, cuda_loader.h, registry.h.
  */
 #ifndef SDPA_CONTEXT_H
 #define SDPA_CONTEXT_H
@@ -10,6 +10,7 @@
 #include "../core/backend.h"
 #include "decision_cache.h"
 #include "policy.h"
+#include "registry.h"
 #include "seam.h"
 
 #include <pthread.h>

@@ -7,6 +7,7 @@
 #include "cuda_loader.h"
 #include "../cuda/plugin.h"
 #include "environment.h"
+#include "registry.h"
 
 #include <dlfcn.h>
 #include <limits.h>

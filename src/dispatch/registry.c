@@ -8,7 +8,7 @@
  * never present, so rules can name it and explain says the same about it on
  * every machine. Adding a backend is one row here.
  */
-#include "../core/backend.h"
+#include "registry.h"
 #include "../core/cpu_features.h"
 
 #include <stdio.h>
