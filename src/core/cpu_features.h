@@ -58,6 +58,12 @@ const char *sdpa__build_arch(void);
  * throttled for the rest of each period). */
 int sdpa__cpus_allowed(void);
 
+/* Bytes of L2 cache per core (sysconf's _SC_LEVEL2_CACHE_SIZE: glibc
+ * reads CPUID leaf 4, or 0x8000001D on AMD), 0 where the system does not
+ * say. Read once per process. The tiled kernels size the query rows that
+ * share one copy of a K/V block by it (flash_run.h). */
+size_t sdpa__cpu_l2_bytes(void);
+
 /* The CPUs a cgroup CPU quota grants the process (quota over period,
  * rounded up; the smallest of its group's and every parent group's), 0
  * where none is set or none can be read. root: where the cgroup file

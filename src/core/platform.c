@@ -8,6 +8,7 @@
 #include "core.h"
 #include "cpu_features.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,6 +242,21 @@ int sdpa__cpus_allowed(void)
         n = quota;
 #endif
     return n;
+}
+
+size_t sdpa__cpu_l2_bytes(void)
+{
+    /* -1: not read yet; the same value whichever thread reads it first */
+    static _Atomic long cached = -1;
+    long b = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (b < 0) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        b = b > 0 ? b : 0;
+        atomic_store_explicit(&cached, b, memory_order_relaxed);
+    }
+    return (size_t)b;
 }
 
 static void detect_cpu(sdpa_platform *p)

@@ -10,6 +10,7 @@
 #include "flash_tiled.h"
 #include "flash_decode.h" /* pair mode: its DECODE_PAIRS products, the ISA file's */
 #include "flash_sparse.h"
+#include "../core/cpu_features.h" /* sdpa__cpu_l2_bytes */
 
 /* Keys up to which the short path runs: K and V packed (2 Skv D floats)
  * and S^T (Skv x BQ) stay within L2 at D <= 128. */
@@ -47,17 +48,23 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
      * D 128, inside a Zen 2/3 core's 512 KB L2 with a 128 KB K/V block. */
     /* (cpu.avx2 sets TILED_F32_ROWS to 288 for a 512 KB L2: Q^T and O^T
      * 288 KB at D 128, with the 128 KB K/V block; and TILED_F32_QO_BYTES
-     * to those 288 KB, so that a smaller D gets more rows.) */
-#ifdef TILED_F32_QO_BYTES
-    /* as many rows as TILED_F32_QO_BYTES of Q^T and O^T hold (8 D bytes a
-     * row), from TILED_F32_ROWS up to 4 times it */
-    const int64_t qo_rows = TILED_F32_QO_BYTES / (8 * D);
+     * to those 288 KB, so that a smaller D gets more rows. cpu.avx512 sets
+     * TILED_F32_QO_L2_EIGHTHS: those bytes as eighths of the core's L2,
+     * read at run time, since its CPUs' L2 runs from 1 MB (Zen 4/5) to
+     * 2 MB (Sapphire and Emerald Rapids).) */
+#if defined(TILED_F32_QO_L2_EIGHTHS)
+    const int64_t qo_bytes = (int64_t)(sdpa__cpu_l2_bytes() / 8) * TILED_F32_QO_L2_EIGHTHS;
+#elif defined(TILED_F32_QO_BYTES)
+    const int64_t qo_bytes = TILED_F32_QO_BYTES;
+#else
+    const int64_t qo_bytes = 0;
+#endif
+    /* as many rows as qo_bytes of Q^T and O^T hold (8 D bytes a row),
+     * from TILED_F32_ROWS up to 4 times it */
+    const int64_t qo_rows = qo_bytes / (8 * D);
     const int f32_rows = qo_rows < TILED_F32_ROWS       ? TILED_F32_ROWS
                          : qo_rows > 4 * TILED_F32_ROWS ? 4 * TILED_F32_ROWS
                                                         : (int)qo_rows;
-#else
-    const int f32_rows = TILED_F32_ROWS;
-#endif
     const int f32_blocks = (f32_rows + BQ - 1) / BQ;
     job jb = {c,
               flash_split_make(d, BQ, threads, !sparse && flash_groups_heads(c, BQ),

@@ -66,14 +66,16 @@ static inline __m512 exp512(__m512 x)
 {
     /* lanes at or above -87, and NaN (unordered), are kept; the others
      * give 0 (a weight of exp(-87) times V would make denormal products:
-     * exp_portable.h) */
+     * exp_portable.h), by the zero-masking of the last VSCALEFPS: a lane
+     * below -87 is computed by nothing that could make a denormal or
+     * raise a flag, so x needs no clamp (the same bits as with one, an
+     * operation fewer) */
     const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ);
-    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x); /* x second: NaN stays NaN */
     const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
     /* f = t - floor(t) by VREDUCEPS, 2^f by exp_portable.h's degree-5
-     * polynomial, VSCALEFPS by 2^floor(t) (t >= -125.6: a normal result):
-     * 11 operations, where rounding to nearest, subtracting and a degree-6
-     * polynomial took 13 */
+     * polynomial, VSCALEFPS by 2^floor(t) (t >= -125.6 on a kept lane: a
+     * normal result): 9 operations, where rounding to nearest, subtracting
+     * and a degree-6 polynomial took 13 */
     const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     __m512 p = _mm512_set1_ps(SDPA_EXP2_C5);
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C4));
@@ -81,7 +83,7 @@ static inline __m512 exp512(__m512 x)
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C2));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(SDPA_EXP2_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, t));
+    return _mm512_maskz_scalef_ps(live, p, t);
 }
 
 /*
@@ -90,10 +92,11 @@ static inline __m512 exp512(__m512 x)
  * floor(x) in [0, 1), a degree-3 polynomial 2^f (relative error 8.6e-5,
  * below bf16's 2^-9; its constant term is 1, so 2^0 = 1 exactly and a
  * softmax with one winner gives its V row exactly), VSCALEFPS multiplies
- * by 2^floor(x): 5 operations where exp512 takes 11. -inf gives exactly 0
+ * by 2^floor(x): 5 operations where exp512 takes 9. -inf gives exactly 0
  * (f = 0, scaled by 2^-inf), NaN stays NaN, x below -150 underflows to 0;
- * from -150 to -126 the result is subnormal (exp512 clamps there instead),
- * which the bf16 rounding (VCVTNE2PS2BF16) then flushes to 0.
+ * from -150 to -126 the result is subnormal (exp512 zeroes every lane
+ * below -87 instead), which the bf16 rounding (VCVTNE2PS2BF16) then
+ * flushes to 0.
  * In two halves, which a loop may run a step apart (cpu.amx's exp_rows2):
  * the fraction, then the polynomial and VSCALEFPS.
  */
