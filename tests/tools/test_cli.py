@@ -692,9 +692,10 @@ for plat, dtype, rule, first, without in (
           f"explain --backward on {plat} {dtype}: {d.get('rule')} {d['candidates']}")
     check(all("has no backward pass" in d["rejected"][b] for b in without),
           f"explain --backward on {plat}, reasons: {d['rejected']}")
-# short backward calls (up to 48 queries and keys) put cpu.avx2 first; 64 do not
-for shape, rule, first in (("1,26,26,16,2,128", "cpu-backward-short", "cpu.avx2"),
-                           ("1,48,48,8,8,64", "cpu-backward-short", "cpu.avx2"),
+# short backward calls (up to 16 queries and keys) put cpu.avx2 first; 26 do not
+for shape, rule, first in (("1,16,16,16,2,128", "cpu-backward-short", "cpu.avx2"),
+                           ("1,16,9,8,8,64", "cpu-backward-short", "cpu.avx2"),
+                           ("1,26,26,16,2,128", "cpu-backward", "cpu.avx512"),
                            ("1,64,64,16,2,128", "cpu-backward", "cpu.avx512"),
                            ("1,26,1024,16,2,128", "cpu-backward", "cpu.avx512")):
     d = explain("--platform", "cpu:features=avx2+avx512", "--shape", shape, "--backward")
