@@ -987,7 +987,8 @@ sdpa_status sdpa_explain(sdpa_context *ctx, const sdpa_call_desc *desc, int json
 /*
  * What the context sees, as `sdpa info` prints it (json = 0) or as one JSON
  * object (json = 1) with keys version, cpu {model, simulated, isa,
- * isa_unusable, amx, threads, cores}, cuda {present, name, cc, cudnn,
+ * isa_unusable, amx, threads, cores, l2_bytes (per core; 0 where unknown
+ * or simulated)}, cuda {present, name, cc, cudnn,
  * sm_count, memory_bytes | why}, kernel {call, backend, source, rule} (the
  * choice for a plain f32 call) and backends (name, version, summary,
  * device, dtypes, masks, head-dim range, capabilities, present,

@@ -85,6 +85,11 @@ static void info_text(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     sdpa__sb_printf(sb, "arch      %s\n", p->cpu_arch);
     if (strcmp(p->cpu_arch, SDPA_ARCH_X86_64) == 0) /* AMX's permission is an x86 matter */
         sdpa__sb_printf(sb, "amx       %s\n", amx_state(p));
+    const size_t l2 = sdpa__cpu_l2_bytes();
+    if (l2 && !p->simulated) /* the machine's, not a described one's */
+        sdpa__sb_printf(sb, "cache     L2 %zu KiB per core (sizes the f32 rows that share a K/V copy "
+                            "in cpu.avx512)\n",
+                        l2 / 1024);
     const int allowed = sdpa__cpus_allowed();
     sdpa__sb_printf(sb, "threads   %d (of %d online CPUs", sdpa_context_threads(ctx), p->cpu_cores);
     if (allowed < p->cpu_cores && !p->simulated)
@@ -152,6 +157,7 @@ static void info_json(sdpa_context *ctx, sdpa_strbuf *sb, sdpa_decision *dec)
     json_key(sb, "vendor", p->cpu_vendor, 1);
     json_key(sb, "arch", p->cpu_arch, 1);
     sdpa__sb_printf(sb, ",\"family\":%d", p->cpu_family);
+    sdpa__sb_printf(sb, ",\"l2_bytes\":%zu", p->simulated ? (size_t)0 : sdpa__cpu_l2_bytes());
     sdpa__sb_printf(sb, ",\"simulated\":%s,\"isa\":[", p->simulated ? "true" : "false");
     int n = 0;
     for (size_t i = 0; i < sdpa__cpu_feature_count; i++)
