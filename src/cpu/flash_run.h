@@ -39,13 +39,12 @@ static sdpa_status tiled_run(const sdpa_backend *self, const sdpa_call *c)
     /* K/V that must be converted (f16, bf16) are shared by up to 8 query
      * blocks: each task converts its own, and an f16 call ran at 61% of the
      * ceiling with 4, 67-78% with 8 (4608 tokens, D 128, the Sapphire Rapids
-     * VM, noisy). f32 K/V rows are copied, by up to 192 query rows (4
-     * blocks of cpu.avx512's 48; 8 of cpu.avx2's 24, where 4 blocks made
-     * the copy and the per-block work twice the share of a row: long rows
-     * 0.94-0.98x the time with 8, short-key rows level, Zen 4,
+     * VM, noisy). f32 K/V rows are copied, by at least TILED_F32_ROWS
+     * query rows (192 by default: 8 blocks of cpu.avx2's 24 rather than 4
+     * made long rows 0.94-0.98x the time, short-key rows level, Zen 4,
      * bench/results/2026-12-05-avx2-f32-rows-per-kv-ab-zen4.txt). The
-     * resident Q^T and O^T are then as many bytes as cpu.avx512's: 192 KB at
-     * D 128, inside a Zen 2/3 core's 512 KB L2 with a 128 KB K/V block. */
+     * split doubles a task's blocks up to the first power of two at or
+     * above f32_blocks, where enough tasks are left (flash_split_make). */
     /* (cpu.avx2 sets TILED_F32_ROWS to 288 for a 512 KB L2: Q^T and O^T
      * 288 KB at D 128, with the 128 KB K/V block; and TILED_F32_QO_BYTES
      * to those 288 KB, so that a smaller D gets more rows. cpu.avx512 sets

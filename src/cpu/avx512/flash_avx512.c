@@ -19,7 +19,7 @@
  * core's L2 (flash_run.h), at least 384 rows. On an Emerald Rapids Xeon
  * (2 MB L2: 768 rows at D 128, 1536 at D 64/72, where 192 rows at any D
  * made the K/V copy 9-10% of a long row's profile, memmove waiting on
- * rows 10-12 KiB apart) long f32 rows took 0.87-0.92x the time,
+ * rows 10-12 KiB apart) long f32 rows took 0.87-0.96x the time,
  * bench/results/2026-12-08-avx512-rows-by-l2-ab-emr.txt. A 1 MB L2 (Zen
  * 4/5) gets 384 rows at D 128 and 768 at D 64: not measured there. */
 #define TILED_F32_ROWS 384
